@@ -1,0 +1,8 @@
+//! yomi's shared vocabulary: the draft-tree batch every tree-aware op reads, and the
+//! reference sampling math (position-seeded Gumbel-max) that makes seeded runs reproducible.
+
+pub mod sampling;
+pub mod tree;
+
+pub use sampling::{Sampler, SamplerParams};
+pub use tree::TreeBatch;

@@ -1,0 +1,14 @@
+//! yomi's CPU backend: the op set of DESIGN §5 on x86-64 (runtime-detected AVX2/FMA with a
+//! portable fallback) and rayon. Every fast kernel sits next to a plain reference twin that the
+//! tests compare it against.
+
+pub mod activation;
+pub mod attention;
+pub mod conv;
+pub mod gdn;
+pub mod linear;
+pub mod norm;
+pub mod rope;
+pub mod simd;
+
+pub use linear::{Matrix, WeightData};
