@@ -1,1 +1,13 @@
+//! yomi's models: configuration, weight loading (safetensors directories; GGUF) and the
+//! architectures, written once against the CPU op set, with the DESIGN §4 state contract.
 
+pub mod config;
+pub mod loader;
+pub mod model;
+pub mod safetensors_dir;
+pub mod source;
+pub mod state;
+
+pub use config::{Arch, LayerKind, ModelConfig};
+pub use model::{LogitRows, Model, Trace};
+pub use state::State;

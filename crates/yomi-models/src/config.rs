@@ -1,0 +1,442 @@
+//! Model configuration from a Hugging Face `config.json` (and, via the GGUF loader, from GGUF
+//! metadata): one [`ModelConfig`] for every supported architecture.
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde_json::Value;
+use std::path::Path;
+use yomi_cpu::rope::{Llama3Scaling, RopeScaling};
+
+/// The architectures yomi runs, as Hugging Face names them.
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "LlamaForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// Qwen3.5 / Qwen3.6 hybrid: Gated DeltaNet + gated full attention.
+    Qwen35,
+    Llama,
+    Qwen2,
+    Qwen3,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerKind {
+    Attention,
+    GatedDeltaNet,
+}
+
+/// Gated DeltaNet sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GdnConfig {
+    pub num_key_heads: usize,
+    pub num_value_heads: usize,
+    pub key_head_dim: usize,
+    pub value_head_dim: usize,
+    pub conv_kernel: usize,
+}
+
+impl GdnConfig {
+    pub fn key_dim(&self) -> usize {
+        self.num_key_heads * self.key_head_dim
+    }
+    pub fn value_dim(&self) -> usize {
+        self.num_value_heads * self.value_head_dim
+    }
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub vocab_size: usize,
+    pub rms_norm_eps: f32,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rope_theta: f64,
+    /// Rotary width per head (head_dim × partial_rotary_factor).
+    pub rotary_dim: usize,
+    pub rope_scaling: RopeScaling,
+    /// q/k/v projections carry biases (Qwen2; Llama with `attention_bias`).
+    pub qkv_bias: bool,
+    /// o projection carries a bias (Llama with `attention_bias`).
+    pub o_bias: bool,
+    /// Per-head RMSNorm on q and k (Qwen3, Qwen3.5).
+    pub qk_norm: bool,
+    /// Qwen3.5: q_proj yields [query | gate] per head and the output is gated by sigmoid(gate).
+    pub attn_output_gate: bool,
+    /// Qwen3.5's zero-centred norms: the effective weight is 1 + w.
+    pub norm_plus_one: bool,
+    pub layer_kinds: Vec<LayerKind>,
+    pub gdn: Option<GdnConfig>,
+    pub tie_word_embeddings: bool,
+    pub max_position_embeddings: usize,
+    /// eos ids named in the config itself (generation_config.json may add more).
+    pub eos_token_ids: Vec<u32>,
+}
+
+fn get_usize(v: &Value, key: &str) -> Result<Option<usize>> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(x) => x
+            .as_u64()
+            .map(|n| Some(n as usize))
+            .ok_or_else(|| anyhow!("config field `{key}` must be a non-negative integer, got {x}")),
+    }
+}
+
+fn need_usize(v: &Value, key: &str) -> Result<usize> {
+    get_usize(v, key)?.ok_or_else(|| anyhow!("config.json is missing `{key}`"))
+}
+
+fn get_f64(v: &Value, key: &str) -> Result<Option<f64>> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(x) => x
+            .as_f64()
+            .map(Some)
+            .ok_or_else(|| anyhow!("config field `{key}` must be a number, got {x}")),
+    }
+}
+
+fn get_bool(v: &Value, key: &str) -> Result<Option<bool>> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(x) => x
+            .as_bool()
+            .map(Some)
+            .ok_or_else(|| anyhow!("config field `{key}` must be true or false, got {x}")),
+    }
+}
+
+/// `eos_token_id` may be an integer or a list of integers.
+pub fn parse_eos(v: Option<&Value>) -> Vec<u32> {
+    match v {
+        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64())
+            .map(|x| x as u32)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// RoPE θ and scaling, read like HF does: `rope_parameters` (transformers ≥ 5) or the older
+/// top-level `rope_theta` + `rope_scaling`.
+fn parse_rope(text: &Value, default_theta: f64) -> Result<(f64, RopeScaling, Option<f64>)> {
+    let params = text.get("rope_parameters").filter(|p| p.is_object());
+    let scaling = text.get("rope_scaling").filter(|p| p.is_object());
+    let theta = params
+        .and_then(|p| p.get("rope_theta"))
+        .and_then(Value::as_f64)
+        .or(get_f64(text, "rope_theta")?)
+        .unwrap_or(default_theta);
+    let partial = params
+        .and_then(|p| p.get("partial_rotary_factor"))
+        .and_then(Value::as_f64);
+    let spec = scaling.or(params);
+    let kind = spec
+        .and_then(|p| p.get("rope_type").or_else(|| p.get("type")))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let s = match kind {
+        "default" => RopeScaling::None,
+        "linear" => {
+            let f = spec
+                .and_then(|p| p.get("factor"))
+                .and_then(Value::as_f64)
+                .unwrap_or(1.0);
+            RopeScaling::Linear(f)
+        }
+        "llama3" => {
+            let p = spec.ok_or_else(|| anyhow!("llama3 rope scaling without parameters"))?;
+            let f = |k: &str| -> Result<f64> {
+                p.get(k)
+                    .and_then(Value::as_f64)
+                    .ok_or_else(|| anyhow!("llama3 rope scaling is missing `{k}`"))
+            };
+            RopeScaling::Llama3(Llama3Scaling {
+                factor: f("factor")?,
+                low_freq_factor: f("low_freq_factor")?,
+                high_freq_factor: f("high_freq_factor")?,
+                original_max_position_embeddings: f("original_max_position_embeddings")?,
+            })
+        }
+        other => {
+            bail!("unsupported RoPE scaling type `{other}` (supported: default, linear, llama3)")
+        }
+    };
+    Ok((theta, s, partial))
+}
+
+impl ModelConfig {
+    /// Reads `dir/config.json`.
+    pub fn from_hf_dir(dir: &Path) -> Result<Self> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let v: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not valid JSON", path.display()))?;
+        Self::from_hf_json(&v).with_context(|| format!("in {}", path.display()))
+    }
+
+    pub fn from_hf_json(v: &Value) -> Result<Self> {
+        let archs: Vec<&str> = v
+            .get("architectures")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("");
+        let arch_name = archs.first().copied().unwrap_or(match model_type {
+            "qwen3_5" => "Qwen3_5ForConditionalGeneration",
+            "qwen3_5_text" => "Qwen3_5ForCausalLM",
+            "llama" => "LlamaForCausalLM",
+            "qwen2" => "Qwen2ForCausalLM",
+            "qwen3" => "Qwen3ForCausalLM",
+            _ => "",
+        });
+        let (arch, text) = match arch_name {
+            "Qwen3_5ForCausalLM" => (Arch::Qwen35, v),
+            "Qwen3_5ForConditionalGeneration" => (
+                Arch::Qwen35,
+                v.get("text_config")
+                    .filter(|t| t.is_object())
+                    .ok_or_else(|| {
+                        anyhow!("Qwen3_5ForConditionalGeneration config has no `text_config`")
+                    })?,
+            ),
+            "LlamaForCausalLM" => (Arch::Llama, v),
+            "Qwen2ForCausalLM" => (Arch::Qwen2, v),
+            "Qwen3ForCausalLM" => (Arch::Qwen3, v),
+            "" => bail!(
+                "config.json names no architecture; supported: {}",
+                SUPPORTED_ARCHITECTURES.join(", ")
+            ),
+            other => bail!(
+                "unsupported architecture `{other}`; supported: {}",
+                SUPPORTED_ARCHITECTURES.join(", ")
+            ),
+        };
+        let hidden = need_usize(text, "hidden_size")?;
+        let n_heads = need_usize(text, "num_attention_heads")?;
+        let n_kv = get_usize(text, "num_key_value_heads")?.unwrap_or(n_heads);
+        let n_layers = need_usize(text, "num_hidden_layers")?;
+        let default_theta = if arch == Arch::Qwen35 { 1e7 } else { 10000.0 };
+        let (rope_theta, rope_scaling, partial_in_params) = parse_rope(text, default_theta)?;
+        let head_dim = match get_usize(text, "head_dim")? {
+            Some(h) => h,
+            None if arch == Arch::Qwen35 => 256,
+            None => hidden / n_heads.max(1),
+        };
+        let partial = partial_in_params
+            .or(get_f64(text, "partial_rotary_factor")?)
+            .unwrap_or(if arch == Arch::Qwen35 { 0.25 } else { 1.0 });
+        let rotary_dim = (head_dim as f64 * partial) as usize;
+        let attention_bias = get_bool(text, "attention_bias")?.unwrap_or(false);
+        if get_bool(text, "mlp_bias")?.unwrap_or(false) {
+            bail!("`mlp_bias: true` is not supported");
+        }
+        if let Some(act) = text.get("hidden_act").and_then(Value::as_str) {
+            if act != "silu" {
+                bail!("unsupported hidden_act `{act}` (only silu)");
+            }
+        }
+        let (layer_kinds, gdn) = if arch == Arch::Qwen35 {
+            let kinds = match text.get("layer_types").and_then(Value::as_array) {
+                Some(list) => list
+                    .iter()
+                    .map(|k| match k.as_str() {
+                        Some("full_attention") => Ok(LayerKind::Attention),
+                        Some("linear_attention") => Ok(LayerKind::GatedDeltaNet),
+                        other => Err(anyhow!("unknown layer type {other:?} in `layer_types`")),
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+                None => {
+                    let every = get_usize(text, "full_attention_interval")?
+                        .unwrap_or(4)
+                        .max(1);
+                    (0..n_layers)
+                        .map(|i| {
+                            if (i + 1) % every == 0 {
+                                LayerKind::Attention
+                            } else {
+                                LayerKind::GatedDeltaNet
+                            }
+                        })
+                        .collect()
+                }
+            };
+            if kinds.len() != n_layers {
+                bail!(
+                    "`layer_types` has {} entries but num_hidden_layers is {n_layers}",
+                    kinds.len()
+                );
+            }
+            let gdn = GdnConfig {
+                num_key_heads: get_usize(text, "linear_num_key_heads")?.unwrap_or(16),
+                num_value_heads: get_usize(text, "linear_num_value_heads")?.unwrap_or(32),
+                key_head_dim: get_usize(text, "linear_key_head_dim")?.unwrap_or(128),
+                value_head_dim: get_usize(text, "linear_value_head_dim")?.unwrap_or(128),
+                conv_kernel: get_usize(text, "linear_conv_kernel_dim")?.unwrap_or(4),
+            };
+            if gdn.num_key_heads == 0 || gdn.num_value_heads % gdn.num_key_heads != 0 {
+                bail!("linear_num_value_heads must be a multiple of linear_num_key_heads");
+            }
+            if !(2..=8).contains(&gdn.conv_kernel) {
+                bail!(
+                    "linear_conv_kernel_dim {} is outside 2..=8",
+                    gdn.conv_kernel
+                );
+            }
+            (kinds, Some(gdn))
+        } else {
+            (vec![LayerKind::Attention; n_layers], None)
+        };
+        let mut eos = parse_eos(text.get("eos_token_id"));
+        if eos.is_empty() {
+            eos = parse_eos(v.get("eos_token_id"));
+        }
+        let cfg = ModelConfig {
+            arch,
+            hidden_size: hidden,
+            intermediate_size: need_usize(text, "intermediate_size")?,
+            num_layers: n_layers,
+            vocab_size: need_usize(text, "vocab_size")?,
+            rms_norm_eps: get_f64(text, "rms_norm_eps")?.unwrap_or(1e-6) as f32,
+            num_heads: n_heads,
+            num_kv_heads: n_kv,
+            head_dim,
+            rope_theta,
+            rotary_dim,
+            rope_scaling,
+            qkv_bias: arch == Arch::Qwen2 || attention_bias,
+            o_bias: arch == Arch::Llama && attention_bias,
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen35),
+            attn_output_gate: arch == Arch::Qwen35,
+            norm_plus_one: arch == Arch::Qwen35,
+            layer_kinds,
+            gdn,
+            tie_word_embeddings: get_bool(text, "tie_word_embeddings")?
+                .or(get_bool(v, "tie_word_embeddings")?)
+                .unwrap_or(false),
+            max_position_embeddings: get_usize(text, "max_position_embeddings")?.unwrap_or(4096),
+            eos_token_ids: eos,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Structural checks shared by every source of a config.
+    pub fn validate(&self) -> Result<()> {
+        let nz = |x: usize, n: &str| {
+            if x == 0 {
+                Err(anyhow!("`{n}` must be > 0"))
+            } else {
+                Ok(())
+            }
+        };
+        nz(self.hidden_size, "hidden_size")?;
+        nz(self.num_layers, "num_hidden_layers")?;
+        nz(self.vocab_size, "vocab_size")?;
+        nz(self.num_heads, "num_attention_heads")?;
+        nz(self.num_kv_heads, "num_key_value_heads")?;
+        nz(self.head_dim, "head_dim")?;
+        if self.num_heads % self.num_kv_heads != 0 {
+            bail!(
+                "num_attention_heads ({}) is not a multiple of num_key_value_heads ({})",
+                self.num_heads,
+                self.num_kv_heads
+            );
+        }
+        if self.rotary_dim % 2 != 0 || self.rotary_dim > self.head_dim {
+            bail!(
+                "rotary dim {} must be even and ≤ head_dim {}",
+                self.rotary_dim,
+                self.head_dim
+            );
+        }
+        Ok(())
+    }
+
+    /// Number of bytes of KV cache per token (f32).
+    pub fn kv_bytes_per_token(&self) -> usize {
+        let attn = self
+            .layer_kinds
+            .iter()
+            .filter(|k| **k == LayerKind::Attention)
+            .count();
+        attn * 2 * self.num_kv_heads * self.head_dim * 4
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn qwen35_multimodal_reads_text_config_and_rope_parameters() {
+        let v = json!({
+            "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+            "eos_token_id": 248046,
+            "text_config": {
+                "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 8,
+                "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 248320,
+                "linear_num_key_heads": 16, "linear_num_value_heads": 32, "eos_token_id": 248044,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
+                                    "mrope_section": [11, 11, 10], "mrope_interleaved": true}
+            }
+        });
+        let c = ModelConfig::from_hf_json(&v).unwrap();
+        assert_eq!(c.arch, Arch::Qwen35);
+        assert_eq!(c.head_dim, 256);
+        assert_eq!(c.rotary_dim, 64);
+        assert_eq!(c.rope_theta, 1e7);
+        assert_eq!(c.eos_token_ids, vec![248044]);
+        assert_eq!(c.layer_kinds[3], LayerKind::Attention);
+        assert_eq!(c.layer_kinds[2], LayerKind::GatedDeltaNet);
+        assert_eq!(c.gdn.unwrap().conv_dim(), 2 * 2048 + 4096);
+    }
+
+    #[test]
+    fn llama3_rope_scaling_and_unsupported_arch() {
+        let v = json!({
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 10,
+            "rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+        });
+        let c = ModelConfig::from_hf_json(&v).unwrap();
+        assert!(matches!(c.rope_scaling, RopeScaling::Llama3(_)));
+        assert_eq!(c.head_dim, 16);
+        let bad = json!({"architectures": ["MistralForCausalLM"]});
+        let e = ModelConfig::from_hf_json(&bad).unwrap_err().to_string();
+        assert!(
+            e.contains("MistralForCausalLM") && e.contains("LlamaForCausalLM"),
+            "{e}"
+        );
+        let yarn = json!({
+            "architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 10,
+            "rope_scaling": {"rope_type": "yarn", "factor": 4.0}
+        });
+        assert!(
+            ModelConfig::from_hf_json(&yarn)
+                .unwrap_err()
+                .to_string()
+                .contains("yarn")
+        );
+    }
+}

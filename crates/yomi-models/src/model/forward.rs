@@ -1,0 +1,404 @@
+//! One forward pass over T rows (a prefill chunk, a decode step or a draft tree) and the
+//! commit of its accepted rows. No committed state is written by `forward`.
+
+use anyhow::{Result, bail};
+use yomi_core::TreeBatch;
+use yomi_cpu::activation::{sigmoid, softplus, swiglu};
+use yomi_cpu::attention::{AttnShape, attention_tree};
+use yomi_cpu::conv::conv1d_tree;
+use yomi_cpu::gdn::{GdnRows, GdnShape, gdn_commit_replay, gdn_tree_forward};
+use yomi_cpu::linear::linear;
+use yomi_cpu::norm::{l2_norm_inplace, rms_norm, rms_norm_gated_inplace, rms_norm_inplace};
+
+use super::weights::{AttnWeights, GdnWeights, Mixer, Model};
+use crate::state::{AttnCache, GdnState, LayerState, Pending, State};
+
+/// Which rows of the pass get logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitRows {
+    /// Every row (tree verification, tracing).
+    All,
+    /// Only the last row (prefill, plain decode).
+    Last,
+    /// None (prefill chunks before the last).
+    None,
+}
+
+/// Optional capture of the residual stream: `hidden[i]` enters layer i, `hidden[L]` is the
+/// final-norm output, each [T, H].
+#[derive(Default, Debug)]
+pub struct Trace {
+    pub hidden: Vec<Vec<f32>>,
+}
+
+/// Per-pass scratch buffers, reused across passes (no allocation once grown).
+#[derive(Default)]
+pub(crate) struct Scratch {
+    h: Vec<f32>,
+    x: Vec<f32>,
+    y: Vec<f32>,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    c: Vec<f32>,
+    d: Vec<f32>,
+    e: Vec<f32>,
+    f: Vec<f32>,
+    cs: Vec<f32>,
+    rows: Vec<f32>,
+}
+
+fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    v.resize(n, 0.0);
+    &mut v[..n]
+}
+
+const L2_EPS: f32 = 1e-6;
+
+impl Model {
+    /// Runs T rows through the model from the committed state and leaves them pending.
+    /// `logits` receives [rows, V] for the rows `which` selects.
+    pub fn forward(
+        &self,
+        st: &mut State,
+        tokens: &[u32],
+        tree: &TreeBatch,
+        which: LogitRows,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.forward_traced(st, tokens, tree, which, logits, None)
+    }
+
+    pub fn forward_traced(
+        &self,
+        st: &mut State,
+        tokens: &[u32],
+        tree: &TreeBatch,
+        which: LogitRows,
+        logits: &mut Vec<f32>,
+        mut trace: Option<&mut Trace>,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let t = tokens.len();
+        if t == 0 {
+            bail!("a forward pass needs at least one token");
+        }
+        if tree.len() != t {
+            bail!("{} tokens but the tree has {} rows", t, tree.len());
+        }
+        let depth = (0..t).map(|i| tree.depth(i) as usize).max().unwrap_or(0);
+        if st.committed + depth + 1 > st.capacity || st.committed + t > st.capacity {
+            bail!(
+                "context full: {} committed tokens + {} new rows exceed the context size of {}",
+                st.committed,
+                t,
+                st.capacity
+            );
+        }
+        if let Some(&bad) = tokens.iter().find(|&&x| x as usize >= cfg.vocab_size) {
+            bail!(
+                "token id {bad} is outside the vocabulary of {} tokens",
+                cfg.vocab_size
+            );
+        }
+        let h_sz = cfg.hidden_size;
+        let mut sc = std::mem::take(&mut st.scratch);
+        {
+            let Scratch { h, e, .. } = &mut sc;
+            let h = sized(h, t * h_sz);
+            let tmp = sized(e, h_sz);
+            for (i, &tok) in tokens.iter().enumerate() {
+                let src = self.embed.row_f32(tok as usize, tmp);
+                h[i * h_sz..(i + 1) * h_sz].copy_from_slice(src);
+            }
+        }
+        let committed = st.committed;
+        for (li, layer) in self.layers.iter().enumerate() {
+            if let Some(tr) = trace.as_deref_mut() {
+                tr.hidden.push(sc.h[..t * h_sz].to_vec());
+            }
+            let Scratch {
+                h,
+                x,
+                y,
+                a,
+                b,
+                c,
+                d,
+                e,
+                f,
+                cs,
+                ..
+            } = &mut sc;
+            let h = &mut h[..t * h_sz];
+            let x = sized(x, t * h_sz);
+            let y = sized(y, t * h_sz);
+            rms_norm(h, &layer.input_norm, cfg.rms_norm_eps, x);
+            match (&layer.mixer, &mut st.layers[li]) {
+                (Mixer::Attention(w), LayerState::Attention(cache)) => {
+                    self.attention(w, cache, committed, tree, x, y, [a, b, c, d, e, f], cs)
+                }
+                (Mixer::Gdn(w), LayerState::Gdn(gs)) => {
+                    self.gdn(w, gs, tree, x, y, [a, b, c, d, e, f])
+                }
+                _ => bail!("layer {li}: state kind does not match the weights"),
+            }
+            for (hv, yv) in h.iter_mut().zip(y.iter()) {
+                *hv += yv;
+            }
+            rms_norm(h, &layer.post_norm, cfg.rms_norm_eps, x);
+            let i_sz = cfg.intermediate_size;
+            let g = sized(a, t * i_sz);
+            let u = sized(b, t * i_sz);
+            linear(x, t, &layer.mlp.gate, None, g);
+            linear(x, t, &layer.mlp.up, None, u);
+            swiglu(g, u);
+            linear(g, t, &layer.mlp.down, None, y);
+            for (hv, yv) in h.iter_mut().zip(y.iter()) {
+                *hv += yv;
+            }
+        }
+        // Final norm and LM head on the selected rows.
+        let (first, n) = match which {
+            LogitRows::All => (0, t),
+            LogitRows::Last => (t - 1, 1),
+            LogitRows::None => (t, 0),
+        };
+        let need_all = trace.is_some();
+        let (r0, rn) = if need_all { (0, t) } else { (first, n) };
+        let rows = sized(&mut sc.rows, rn * h_sz);
+        rms_norm(
+            &sc.h[r0 * h_sz..(r0 + rn) * h_sz],
+            &self.final_norm,
+            cfg.rms_norm_eps,
+            rows,
+        );
+        if let Some(tr) = trace.as_deref_mut() {
+            tr.hidden.push(rows.to_vec());
+        }
+        let v = cfg.vocab_size;
+        logits.resize(n * v, 0.0);
+        if n > 0 {
+            let sel = &rows[(first - r0) * h_sz..(first - r0 + n) * h_sz];
+            let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+            linear(sel, n, head, None, logits);
+        }
+        st.scratch = sc;
+        st.pending = Some(Pending {
+            tree: tree.clone(),
+            tokens: tokens.to_vec(),
+        });
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        w: &AttnWeights,
+        cache: &mut AttnCache,
+        committed: usize,
+        tree: &TreeBatch,
+        x: &[f32],
+        y: &mut [f32],
+        bufs: [&mut Vec<f32>; 6],
+        cs: &mut Vec<f32>,
+    ) {
+        let cfg = &self.cfg;
+        let t = tree.len();
+        let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let [qf, q, gate, kb, vb, o] = bufs;
+        let qf = sized(qf, t * w.q.rows);
+        linear(x, t, &w.q, w.q_bias.as_deref(), qf);
+        let q = sized(q, t * nh * hd);
+        let gate = sized(gate, if cfg.attn_output_gate { t * nh * hd } else { 0 });
+        if cfg.attn_output_gate {
+            for i in 0..t * nh {
+                q[i * hd..(i + 1) * hd].copy_from_slice(&qf[i * 2 * hd..i * 2 * hd + hd]);
+                gate[i * hd..(i + 1) * hd].copy_from_slice(&qf[i * 2 * hd + hd..(i + 1) * 2 * hd]);
+            }
+        } else {
+            q.copy_from_slice(qf);
+        }
+        let kb = sized(kb, t * nkv * hd);
+        let vb = sized(vb, t * nkv * hd);
+        linear(x, t, &w.k, w.k_bias.as_deref(), kb);
+        linear(x, t, &w.v, w.v_bias.as_deref(), vb);
+        if let Some(qn) = &w.q_norm {
+            rms_norm_inplace(q, qn, cfg.rms_norm_eps);
+        }
+        if let Some(kn) = &w.k_norm {
+            rms_norm_inplace(kb, kn, cfg.rms_norm_eps);
+        }
+        let cs = sized(cs, cfg.rotary_dim);
+        for i in 0..t {
+            self.rope.cos_sin(committed + tree.depth(i) as usize, cs);
+            self.rope
+                .apply(&mut q[i * nh * hd..(i + 1) * nh * hd], hd, cs);
+            self.rope
+                .apply(&mut kb[i * nkv * hd..(i + 1) * nkv * hd], hd, cs);
+        }
+        let stride = nkv * hd;
+        cache.k[committed * stride..(committed + t) * stride].copy_from_slice(kb);
+        cache.v[committed * stride..(committed + t) * stride].copy_from_slice(vb);
+        let o = sized(o, t * nh * hd);
+        let shape = AttnShape {
+            n_heads: nh,
+            n_kv: nkv,
+            head_dim: hd,
+        };
+        attention_tree(
+            q,
+            &cache.k,
+            &cache.v,
+            committed,
+            tree,
+            shape,
+            1.0 / (hd as f32).sqrt(),
+            o,
+        );
+        if cfg.attn_output_gate {
+            for (ov, gv) in o.iter_mut().zip(gate.iter()) {
+                *ov *= sigmoid(*gv);
+            }
+        }
+        linear(o, t, &w.o, w.o_bias.as_deref(), y);
+    }
+
+    fn gdn(
+        &self,
+        w: &GdnWeights,
+        gs: &mut GdnState,
+        tree: &TreeBatch,
+        x: &[f32],
+        y: &mut [f32],
+        bufs: [&mut Vec<f32>; 6],
+    ) {
+        let cfg = &self.cfg;
+        let g = cfg.gdn.expect("GDN layer has a GdnConfig");
+        let t = tree.len();
+        let (hk, hv, dk, dv, kc) = (
+            g.num_key_heads,
+            g.num_value_heads,
+            g.key_head_dim,
+            g.value_head_dim,
+            g.conv_kernel,
+        );
+        let (c, kd, vd) = (g.conv_dim(), g.key_dim(), g.value_dim());
+        let [m, mc, z, ab, q, o] = bufs;
+        let m = sized(m, t * c);
+        linear(x, t, &w.qkv, None, m);
+        let z = sized(z, t * vd);
+        linear(x, t, &w.z, None, z);
+        let ab = sized(ab, 2 * t * hv);
+        let (braw, araw) = ab.split_at_mut(t * hv);
+        linear(x, t, &w.b, None, braw);
+        linear(x, t, &w.a, None, araw);
+        let mc = sized(mc, t * c);
+        let win = sized(&mut gs.pend_windows, t * (kc - 1) * c);
+        conv1d_tree(m, c, kc, &gs.conv, &w.conv, tree, mc, win);
+        let q = sized(q, t * kd);
+        let pk = sized(&mut gs.pend_k, t * kd);
+        let pv = sized(&mut gs.pend_v, t * vd);
+        for i in 0..t {
+            let row = &mc[i * c..(i + 1) * c];
+            q[i * kd..(i + 1) * kd].copy_from_slice(&row[..kd]);
+            pk[i * kd..(i + 1) * kd].copy_from_slice(&row[kd..2 * kd]);
+            pv[i * vd..(i + 1) * vd].copy_from_slice(&row[2 * kd..]);
+        }
+        l2_norm_inplace(q, dk, L2_EPS);
+        l2_norm_inplace(pk, dk, L2_EPS);
+        let qs = 1.0 / (dk as f32).sqrt();
+        q.iter_mut().for_each(|v| *v *= qs);
+        let pg = sized(&mut gs.pend_g, t * hv);
+        let pb = sized(&mut gs.pend_beta, t * hv);
+        for i in 0..t {
+            for h in 0..hv {
+                let j = i * hv + h;
+                pb[j] = sigmoid(braw[j]);
+                pg[j] = w.neg_exp_a[h] * softplus(araw[j] + w.dt_bias[h]);
+            }
+        }
+        let rows = GdnRows {
+            q,
+            k: pk,
+            v: pv,
+            g: pg,
+            beta: pb,
+        };
+        let shape = GdnShape { hk, hv, dk, dv };
+        let o = sized(o, t * vd);
+        // The head-major scratch reuses `m` (conv_dim > value_dim), no longer needed.
+        let hm = &mut m[..t * vd];
+        let fin = if tree.is_chain() {
+            Some(&mut gs.pend_final[..])
+        } else {
+            None
+        };
+        gdn_tree_forward(&rows, &gs.s, tree, shape, hm, o, fin);
+        rms_norm_gated_inplace(o, z, &w.norm, cfg.rms_norm_eps);
+        linear(o, t, &w.out, None, y);
+    }
+
+    /// Makes the accepted rows of the pending pass permanent. `accepted` must be a root-anchored
+    /// parent chain of the pending tree (plain decode and prefill accept every row).
+    pub fn commit(&self, st: &mut State, accepted: &[usize]) -> Result<()> {
+        let Some(pend) = st.pending.take() else {
+            bail!("nothing to commit: no forward pass is pending");
+        };
+        pend.tree.check_accepted(accepted)?;
+        let n = accepted.len();
+        let p = st.committed;
+        let full_chain = pend.tree.is_chain() && n == pend.tree.len();
+        let cfg = &self.cfg;
+        for ls in st.layers.iter_mut() {
+            match ls {
+                LayerState::Attention(cache) => {
+                    let stride = cfg.num_kv_heads * cfg.head_dim;
+                    for (k, &a) in accepted.iter().enumerate() {
+                        if a != k {
+                            // Sources increase and a ≥ k, so in-place copying never clobbers a later source.
+                            cache.k.copy_within(
+                                (p + a) * stride..(p + a + 1) * stride,
+                                (p + k) * stride,
+                            );
+                            cache.v.copy_within(
+                                (p + a) * stride..(p + a + 1) * stride,
+                                (p + k) * stride,
+                            );
+                        }
+                    }
+                }
+                LayerState::Gdn(gs) => {
+                    if n == 0 {
+                        continue;
+                    }
+                    let g = cfg.gdn.expect("GDN layer has a GdnConfig");
+                    if full_chain {
+                        std::mem::swap(&mut gs.s, &mut gs.pend_final);
+                    } else {
+                        let rows = GdnRows {
+                            q: &[],
+                            k: &gs.pend_k,
+                            v: &gs.pend_v,
+                            g: &gs.pend_g,
+                            beta: &gs.pend_beta,
+                        };
+                        let shape = GdnShape {
+                            hk: g.num_key_heads,
+                            hv: g.num_value_heads,
+                            dk: g.key_head_dim,
+                            dv: g.value_head_dim,
+                        };
+                        gdn_commit_replay(&rows, accepted, shape, &mut gs.s);
+                    }
+                    let wl = (g.conv_kernel - 1) * g.conv_dim();
+                    let last = accepted[n - 1];
+                    gs.conv
+                        .copy_from_slice(&gs.pend_windows[last * wl..(last + 1) * wl]);
+                }
+            }
+        }
+        st.committed += n;
+        st.tokens.extend(accepted.iter().map(|&a| pend.tokens[a]));
+        Ok(())
+    }
+}

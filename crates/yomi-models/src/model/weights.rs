@@ -1,0 +1,230 @@
+//! The weights of a model, validated for name and shape when they are loaded.
+
+use anyhow::{Context, Result};
+use yomi_cpu::Matrix;
+use yomi_cpu::rope::Rope;
+
+use crate::config::{Arch, LayerKind, ModelConfig};
+use crate::source::WeightSource;
+
+pub struct AttnWeights {
+    /// [n_heads·hd·(2 if gated else 1), H]; with the output gate each head's rows are
+    /// [query (hd) | gate (hd)].
+    pub q: Matrix,
+    pub k: Matrix,
+    pub v: Matrix,
+    pub o: Matrix,
+    pub q_bias: Option<Vec<f32>>,
+    pub k_bias: Option<Vec<f32>>,
+    pub v_bias: Option<Vec<f32>>,
+    pub o_bias: Option<Vec<f32>>,
+    /// Effective per-head norm weights (hd), `1 + w` already applied where the model uses it.
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+}
+
+pub struct GdnWeights {
+    /// [conv_dim, H]: rows are [q (Hk·dk) | k (Hk·dk) | v (Hv·dv)].
+    pub qkv: Matrix,
+    /// [Hv·dv, H]
+    pub z: Matrix,
+    /// [Hv, H]
+    pub b: Matrix,
+    /// [Hv, H]
+    pub a: Matrix,
+    /// [conv_dim, K]
+    pub conv: Vec<f32>,
+    /// −exp(A_log), [Hv], f32.
+    pub neg_exp_a: Vec<f32>,
+    /// [Hv]
+    pub dt_bias: Vec<f32>,
+    /// Plain gated-norm weight [dv].
+    pub norm: Vec<f32>,
+    /// [H, Hv·dv]
+    pub out: Matrix,
+}
+
+pub enum Mixer {
+    Attention(AttnWeights),
+    Gdn(GdnWeights),
+}
+
+pub struct Mlp {
+    pub gate: Matrix,
+    pub up: Matrix,
+    pub down: Matrix,
+}
+
+pub struct Layer {
+    pub input_norm: Vec<f32>,
+    pub post_norm: Vec<f32>,
+    pub mixer: Mixer,
+    pub mlp: Mlp,
+}
+
+pub struct Model {
+    pub cfg: ModelConfig,
+    pub embed: Matrix,
+    pub layers: Vec<Layer>,
+    pub final_norm: Vec<f32>,
+    /// None when tied to the embedding.
+    pub lm_head: Option<Matrix>,
+    pub rope: Rope,
+}
+
+impl Model {
+    /// Builds the model from any weight source, checking every tensor the architecture needs.
+    /// `progress` is called with (tensors loaded so far, total layers + 2) as loading proceeds.
+    pub fn load(
+        cfg: ModelConfig,
+        src: &dyn WeightSource,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        let h = cfg.hidden_size;
+        let total = cfg.num_layers + 2;
+        let norm = |name: &str, len: usize| -> Result<Vec<f32>> {
+            if cfg.norm_plus_one {
+                src.norm_plus_one(name, len)
+            } else {
+                src.vector(name, len)
+            }
+        };
+        let embed = src.matrix("model.embed_tokens.weight", cfg.vocab_size, h)?;
+        progress(1, total);
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for (i, kind) in cfg.layer_kinds.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            let mixer = match kind {
+                LayerKind::Attention => Mixer::Attention(load_attention(&cfg, src, &p, &norm)?),
+                LayerKind::GatedDeltaNet => Mixer::Gdn(load_gdn(&cfg, src, &p)?),
+            };
+            let i_sz = cfg.intermediate_size;
+            layers.push(Layer {
+                input_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
+                post_norm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                mixer,
+                mlp: Mlp {
+                    gate: src.matrix(&format!("{p}.mlp.gate_proj.weight"), i_sz, h)?,
+                    up: src.matrix(&format!("{p}.mlp.up_proj.weight"), i_sz, h)?,
+                    down: src.matrix(&format!("{p}.mlp.down_proj.weight"), h, i_sz)?,
+                },
+            });
+            progress(i + 2, total);
+        }
+        let final_norm = norm("model.norm.weight", h)?;
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            Some(src.matrix("lm_head.weight", cfg.vocab_size, h).context(
+                "the config says the LM head is not tied to the embedding (tie_word_embeddings: false)",
+            )?)
+        };
+        progress(total, total);
+        let rope = Rope::new(cfg.rope_theta, cfg.rotary_dim, &cfg.rope_scaling);
+        Ok(Model {
+            cfg,
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+            rope,
+        })
+    }
+
+    /// Bytes of weights held in memory.
+    pub fn weight_bytes(&self) -> usize {
+        let mut n = self.embed.size_bytes() + self.lm_head.as_ref().map_or(0, |m| m.size_bytes());
+        for l in &self.layers {
+            n += l.mlp.gate.size_bytes() + l.mlp.up.size_bytes() + l.mlp.down.size_bytes();
+            n += match &l.mixer {
+                Mixer::Attention(a) => {
+                    a.q.size_bytes() + a.k.size_bytes() + a.v.size_bytes() + a.o.size_bytes()
+                }
+                Mixer::Gdn(g) => {
+                    g.qkv.size_bytes()
+                        + g.z.size_bytes()
+                        + g.b.size_bytes()
+                        + g.a.size_bytes()
+                        + g.out.size_bytes()
+                }
+            };
+        }
+        n
+    }
+}
+
+fn load_attention(
+    cfg: &ModelConfig,
+    src: &dyn WeightSource,
+    p: &str,
+    norm: &dyn Fn(&str, usize) -> Result<Vec<f32>>,
+) -> Result<AttnWeights> {
+    let (h, hd) = (cfg.hidden_size, cfg.head_dim);
+    let q_rows = cfg.num_heads * hd * if cfg.attn_output_gate { 2 } else { 1 };
+    let kv_rows = cfg.num_kv_heads * hd;
+    let bias = |name: &str, len: usize, on: bool| -> Result<Option<Vec<f32>>> {
+        if on {
+            Ok(Some(
+                src.vector(&format!("{p}.self_attn.{name}.bias"), len)?,
+            ))
+        } else {
+            Ok(None)
+        }
+    };
+    let qk_norm = |name: &str| -> Result<Option<Vec<f32>>> {
+        if !cfg.qk_norm {
+            return Ok(None);
+        }
+        let full = format!("{p}.self_attn.{name}.weight");
+        // Qwen3.5's q/k norms are (1 + w); Qwen3's are plain.
+        Ok(Some(if cfg.arch == Arch::Qwen35 {
+            norm(&full, hd)?
+        } else {
+            src.vector(&full, hd)?
+        }))
+    };
+    Ok(AttnWeights {
+        q: src.matrix(&format!("{p}.self_attn.q_proj.weight"), q_rows, h)?,
+        k: src.matrix(&format!("{p}.self_attn.k_proj.weight"), kv_rows, h)?,
+        v: src.matrix(&format!("{p}.self_attn.v_proj.weight"), kv_rows, h)?,
+        o: src.matrix(
+            &format!("{p}.self_attn.o_proj.weight"),
+            h,
+            cfg.num_heads * hd,
+        )?,
+        q_bias: bias("q_proj", q_rows, cfg.qkv_bias)?,
+        k_bias: bias("k_proj", kv_rows, cfg.qkv_bias)?,
+        v_bias: bias("v_proj", kv_rows, cfg.qkv_bias)?,
+        o_bias: bias("o_proj", h, cfg.o_bias)?,
+        q_norm: qk_norm("q_norm")?,
+        k_norm: qk_norm("k_norm")?,
+    })
+}
+
+fn load_gdn(cfg: &ModelConfig, src: &dyn WeightSource, p: &str) -> Result<GdnWeights> {
+    let g = cfg
+        .gdn
+        .context("a Gated DeltaNet layer needs the linear_* config fields")?;
+    let h = cfg.hidden_size;
+    let (c, hv, k) = (g.conv_dim(), g.num_value_heads, g.conv_kernel);
+    let a_log = src.vector(&format!("{p}.linear_attn.A_log"), hv)?;
+    Ok(GdnWeights {
+        qkv: src.matrix(&format!("{p}.linear_attn.in_proj_qkv.weight"), c, h)?,
+        z: src.matrix(
+            &format!("{p}.linear_attn.in_proj_z.weight"),
+            g.value_dim(),
+            h,
+        )?,
+        b: src.matrix(&format!("{p}.linear_attn.in_proj_b.weight"), hv, h)?,
+        a: src.matrix(&format!("{p}.linear_attn.in_proj_a.weight"), hv, h)?,
+        conv: src.tensor_f32(&format!("{p}.linear_attn.conv1d.weight"), &[c, 1, k])?,
+        neg_exp_a: a_log.iter().map(|x| -x.exp()).collect(),
+        dt_bias: src.vector(&format!("{p}.linear_attn.dt_bias"), hv)?,
+        norm: src.vector(&format!("{p}.linear_attn.norm.weight"), g.value_head_dim)?,
+        out: src.matrix(
+            &format!("{p}.linear_attn.out_proj.weight"),
+            h,
+            g.value_dim(),
+        )?,
+    })
+}
