@@ -77,6 +77,18 @@ impl TreeBatch {
         self.is_chain = true;
     }
 
+    /// Makes this batch a copy of `other`, reusing its buffers (no allocation once grown).
+    pub fn copy_from(&mut self, other: &TreeBatch) {
+        self.parent.clear();
+        self.parent.extend_from_slice(&other.parent);
+        self.depth.clear();
+        self.depth.extend_from_slice(&other.depth);
+        self.anc.clear();
+        self.anc.extend_from_slice(&other.anc);
+        self.words = other.words;
+        self.is_chain = other.is_chain;
+    }
+
     /// Builds a tree from parent indices in a topological order: exactly one root (row 0), and
     /// every parent before its child.
     pub fn from_parents(parents: &[i32]) -> Result<Self, TreeError> {

@@ -51,6 +51,12 @@ pub fn attention_tree(
         SCORES.with(|sc| {
             let mut sc = sc.borrow_mut();
             sc.clear();
+            // Grow in 4096-row steps so decoding does not reallocate token by token.
+            let need = (committed + i + 1).div_ceil(4096) * 4096;
+            let len = sc.len();
+            if sc.capacity() < need {
+                sc.reserve(need - len);
+            }
             let key =
                 |pos: usize| &k_cache[pos * kv_stride + kvh * hd..pos * kv_stride + (kvh + 1) * hd];
             let val =

@@ -224,26 +224,29 @@ pub fn gdn_commit_replay(rows: &GdnRows, accepted: &[usize], shape: GdnShape, s:
     let GdnShape { hk, hv, dk, dv } = shape;
     let sl = dk * dv;
     s.par_chunks_mut(sl).enumerate().for_each(|(h, sh)| {
-        let kh = h / (hv / hk);
-        let mut sk = vec![0.0f32; dv];
-        for &i in accepted {
-            let ki = &rows.k[(i * hk + kh) * dk..(i * hk + kh + 1) * dk];
-            let vi = &rows.v[(i * hv + h) * dv..(i * hv + h + 1) * dv];
-            let e = rows.g[i * hv + h].exp();
-            let b = rows.beta[i * hv + h];
-            sk.fill(0.0);
-            for a in 0..dk {
-                let srow = &mut sh[a * dv..(a + 1) * dv];
-                srow.iter_mut().for_each(|x| *x *= e);
-                simd::axpy(ki[a], srow, &mut sk);
+        SCRATCH.with(|sc| {
+            let kh = h / (hv / hk);
+            let sk = &mut sc.borrow_mut().sk;
+            sk.resize(dv, 0.0);
+            for &i in accepted {
+                let ki = &rows.k[(i * hk + kh) * dk..(i * hk + kh + 1) * dk];
+                let vi = &rows.v[(i * hv + h) * dv..(i * hv + h + 1) * dv];
+                let e = rows.g[i * hv + h].exp();
+                let b = rows.beta[i * hv + h];
+                sk.fill(0.0);
+                for a in 0..dk {
+                    let srow = &mut sh[a * dv..(a + 1) * dv];
+                    srow.iter_mut().for_each(|x| *x *= e);
+                    simd::axpy(ki[a], srow, sk);
+                }
+                for d in 0..dv {
+                    sk[d] = b * (vi[d] - sk[d]);
+                }
+                for a in 0..dk {
+                    simd::axpy(ki[a], sk, &mut sh[a * dv..(a + 1) * dv]);
+                }
             }
-            for d in 0..dv {
-                sk[d] = b * (vi[d] - sk[d]);
-            }
-            for a in 0..dk {
-                simd::axpy(ki[a], &sk, &mut sh[a * dv..(a + 1) * dv]);
-            }
-        }
+        })
     });
 }
 

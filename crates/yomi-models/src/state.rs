@@ -39,18 +39,19 @@ pub enum LayerState {
     Gdn(GdnState),
 }
 
-/// What the last forward pass left pending.
+/// What the last forward pass left pending (buffers reused from pass to pass).
 pub struct Pending {
     pub tree: TreeBatch,
     /// Tokens of the pending rows.
     pub tokens: Vec<u32>,
+    pub active: bool,
 }
 
 pub struct State {
     pub(crate) committed: usize,
     pub(crate) capacity: usize,
     pub(crate) layers: Vec<LayerState>,
-    pub(crate) pending: Option<Pending>,
+    pub(crate) pending: Pending,
     /// Committed token ids (the prefix the state represents).
     pub(crate) tokens: Vec<u32>,
     pub(crate) scratch: crate::model::Scratch,
@@ -93,7 +94,11 @@ impl State {
             committed: 0,
             capacity,
             layers,
-            pending: None,
+            pending: Pending {
+                tree: TreeBatch::chain(0),
+                tokens: Vec::new(),
+                active: false,
+            },
             tokens: Vec::with_capacity(capacity),
             scratch: Default::default(),
         }
@@ -114,13 +119,13 @@ impl State {
     }
 
     pub fn pending(&self) -> Option<&Pending> {
-        self.pending.as_ref()
+        self.pending.active.then_some(&self.pending)
     }
 
     /// Forgets everything: back to an empty sequence (recurrent and conv states zeroed).
     pub fn reset(&mut self) {
         self.committed = 0;
-        self.pending = None;
+        self.pending.active = false;
         self.tokens.clear();
         for l in &mut self.layers {
             if let LayerState::Gdn(g) = l {

@@ -11,7 +11,7 @@ use yomi_cpu::linear::linear;
 use yomi_cpu::norm::{l2_norm_inplace, rms_norm, rms_norm_gated_inplace, rms_norm_inplace};
 
 use super::weights::{AttnWeights, GdnWeights, Mixer, Model};
-use crate::state::{AttnCache, GdnState, LayerState, Pending, State};
+use crate::state::{AttnCache, GdnState, LayerState, State};
 
 /// Which rows of the pass get logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,10 +183,10 @@ impl Model {
             linear(sel, n, head, None, logits);
         }
         st.scratch = sc;
-        st.pending = Some(Pending {
-            tree: tree.clone(),
-            tokens: tokens.to_vec(),
-        });
+        st.pending.tree.copy_from(tree);
+        st.pending.tokens.clear();
+        st.pending.tokens.extend_from_slice(tokens);
+        st.pending.active = true;
         Ok(())
     }
 
@@ -341,9 +341,11 @@ impl Model {
     /// Makes the accepted rows of the pending pass permanent. `accepted` must be a root-anchored
     /// parent chain of the pending tree (plain decode and prefill accept every row).
     pub fn commit(&self, st: &mut State, accepted: &[usize]) -> Result<()> {
-        let Some(pend) = st.pending.take() else {
+        if !st.pending.active {
             bail!("nothing to commit: no forward pass is pending");
-        };
+        }
+        st.pending.active = false;
+        let pend = &st.pending;
         pend.tree.check_accepted(accepted)?;
         let n = accepted.len();
         let p = st.committed;
