@@ -1,1 +1,51 @@
-fn main() {}
+//! The `yomi` command-line tool.
+
+mod cmd_logits;
+mod cmd_run;
+mod common;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "yomi",
+    version,
+    about = "yomi — a fast local LLM inference engine (batch one, CPU now, CUDA next)",
+    long_about = "yomi runs large language models on your own machine, one user at a time.\n\n\
+        A model is a Hugging Face directory (config.json, *.safetensors, tokenizer.json) or a \
+        .gguf file. Supported architectures: Qwen3.5/3.6 (Gated DeltaNet hybrid), Llama, \
+        Qwen2, Qwen3 and SmolLM.\n\n\
+        Examples:\n  \
+        yomi run --model ./SmolLM2-135M-Instruct.Q4_1.gguf -m \"Write a haiku about Rust.\"\n  \
+        yomi run --model ./qwen3.5-dir -m \"Explain GDN\" --temperature 0.7 --seed 1 --json\n  \
+        yomi logits --model ./model-dir --tokens 1,2,3 --out logits.safetensors"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Answer one prompt, streaming the text, then print speed and memory stats.
+    Run(cmd_run::RunArgs),
+    /// Write the [T, V] float32 logits of one forward pass to a safetensors file (a tracing
+    /// tool to compare against any reference).
+    Logits(cmd_logits::LogitsArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(a) => cmd_run::run(a),
+        Command::Logits(a) => cmd_logits::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            common::print_error(&e);
+            ExitCode::from(1)
+        }
+    }
+}

@@ -23,6 +23,7 @@ thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+#[allow(clippy::too_many_arguments)]
 pub fn attention_tree(
     q: &[f32],
     k_cache: &[f32],
@@ -94,6 +95,7 @@ pub fn attention_tree(
 
 /// Reference twin: for each row, gathers the keys of its path explicitly and runs plain
 /// softmax attention in f64.
+#[allow(clippy::too_many_arguments)]
 pub fn attention_reference(
     q: &[f32],
     k_cache: &[f32],

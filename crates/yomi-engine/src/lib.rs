@@ -1,1 +1,12 @@
+//! yomi's sessions: tokenizer, chat template, sampling parameters, the generate loop and its
+//! stats (DESIGN §2, §8).
 
+pub mod engine;
+pub mod generate;
+mod gguf_model;
+pub mod stats;
+pub mod template;
+pub mod tokenizer;
+
+pub use engine::{Engine, EngineOptions, Prompt};
+pub use generate::{FinishReason, GenerateParams, Generation};

@@ -247,10 +247,10 @@ impl ModelConfig {
         if get_bool(text, "mlp_bias")?.unwrap_or(false) {
             bail!("`mlp_bias: true` is not supported");
         }
-        if let Some(act) = text.get("hidden_act").and_then(Value::as_str) {
-            if act != "silu" {
-                bail!("unsupported hidden_act `{act}` (only silu)");
-            }
+        if let Some(act) = text.get("hidden_act").and_then(Value::as_str)
+            && act != "silu"
+        {
+            bail!("unsupported hidden_act `{act}` (only silu)");
         }
         let (layer_kinds, gdn) = if arch == Arch::Qwen35 {
             let kinds = match text.get("layer_types").and_then(Value::as_array) {
@@ -290,7 +290,7 @@ impl ModelConfig {
                 value_head_dim: get_usize(text, "linear_value_head_dim")?.unwrap_or(128),
                 conv_kernel: get_usize(text, "linear_conv_kernel_dim")?.unwrap_or(4),
             };
-            if gdn.num_key_heads == 0 || gdn.num_value_heads % gdn.num_key_heads != 0 {
+            if gdn.num_key_heads == 0 || !gdn.num_value_heads.is_multiple_of(gdn.num_key_heads) {
                 bail!("linear_num_value_heads must be a multiple of linear_num_key_heads");
             }
             if !(2..=8).contains(&gdn.conv_kernel) {
@@ -352,14 +352,14 @@ impl ModelConfig {
         nz(self.num_heads, "num_attention_heads")?;
         nz(self.num_kv_heads, "num_key_value_heads")?;
         nz(self.head_dim, "head_dim")?;
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             bail!(
                 "num_attention_heads ({}) is not a multiple of num_key_value_heads ({})",
                 self.num_heads,
                 self.num_kv_heads
             );
         }
-        if self.rotary_dim % 2 != 0 || self.rotary_dim > self.head_dim {
+        if !self.rotary_dim.is_multiple_of(2) || self.rotary_dim > self.head_dim {
             bail!(
                 "rotary dim {} must be even and ≤ head_dim {}",
                 self.rotary_dim,

@@ -172,7 +172,7 @@ impl Model {
             cfg.rms_norm_eps,
             rows,
         );
-        if let Some(tr) = trace.as_deref_mut() {
+        if let Some(tr) = trace {
             tr.hidden.push(rows.to_vec());
         }
         let v = cfg.vocab_size;

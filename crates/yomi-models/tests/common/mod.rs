@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use yomi_core::TreeBatch;
 use yomi_models::loader::load_hf_dir;
@@ -97,7 +97,7 @@ pub fn argmax(x: &[f32]) -> u32 {
     yomi_core::sampling::argmax(x)
 }
 
-pub fn load(dir: &PathBuf) -> Model {
+pub fn load(dir: &Path) -> Model {
     load_hf_dir(dir, &mut |_, _| {}).expect("load model")
 }
 
@@ -143,7 +143,7 @@ pub fn greedy(m: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
 /// Checks a model directory against its reference: prefill logits (+ hidden states when
 /// present), greedy ids/logits through the decode path, the no-cache full sequence, chunked
 /// prefill and the draft tree. `tol` is the max abs logit difference allowed.
-pub fn check_reference(dir: &PathBuf, tol: f32, chunks: &[usize]) {
+pub fn check_reference(dir: &Path, tol: f32, chunks: &[usize]) {
     let m = load(dir);
     let r = Reference::open(dir.join("reference.safetensors"));
     let prompt = r.ids("prompt_ids");

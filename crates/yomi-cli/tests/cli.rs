@@ -1,0 +1,351 @@
+//! The `yomi` binary end to end: the fixture model through `run` and `logits`, and every kind
+//! of bad input giving a one-line error and a non-zero exit, never a panic.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn yomi(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_yomi"))
+        .args(args)
+        .output()
+        .expect("run yomi")
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures")
+        .join(name)
+}
+
+/// A failed run: non-zero exit, exactly one stderr line starting with "error:" that contains
+/// `needle`, and no panic.
+fn assert_clean_error(out: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "expected failure, got success; stderr: {err}"
+    );
+    assert_eq!(out.status.code(), Some(1), "stderr: {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "expected one line, got: {err}");
+    assert!(lines[0].starts_with("error: "), "{err}");
+    assert!(err.contains(needle), "expected `{needle}` in: {err}");
+}
+
+/// Copies the tiny fixture into a temp dir so a test can break it.
+fn broken_copy() -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    for f in std::fs::read_dir(fixture("qwen35-tiny")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, d.path().join(f.file_name().unwrap())).unwrap();
+    }
+    d
+}
+
+fn run_on(dir: &Path) -> Output {
+    yomi(&[
+        "run",
+        "--model",
+        dir.to_str().unwrap(),
+        "-m",
+        "hello",
+        "--max-tokens",
+        "2",
+    ])
+}
+
+/// Rewrites model.safetensors with `edit` applied to the tensor map.
+fn rewrite_weights(
+    dir: &Path,
+    edit: impl FnOnce(&mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>),
+) {
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut t: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
+        .collect();
+    edit(&mut t);
+    let views: Vec<(String, safetensors::tensor::TensorView)> = t
+        .iter()
+        .map(|(n, d, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &path).unwrap();
+}
+
+#[test]
+fn run_json_reproduces_the_reference_greedy_ids() {
+    let dir = fixture("qwen35-tiny");
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let prompt = reference["prompt_text"].as_str().unwrap();
+    let out = yomi(&[
+        "run",
+        "--model",
+        dir.to_str().unwrap(),
+        "--raw",
+        "-m",
+        prompt,
+        "--max-tokens",
+        "48",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let last = stdout.lines().last().unwrap();
+    let v: serde_json::Value = serde_json::from_str(last).unwrap();
+    // The ids the reference holds, read with the safetensors crate.
+    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let ids = |name: &str| -> Vec<u64> {
+        st.tensor(name)
+            .unwrap()
+            .data()
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u64)
+            .collect()
+    };
+    let got = |k: &str| -> Vec<u64> {
+        v[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(got("prompt_ids"), ids("prompt_ids"));
+    assert_eq!(got("output_ids"), ids("greedy_ids"));
+    let stats = &v["stats"];
+    for k in [
+        "time_to_first_token_s",
+        "prefill_tokens_per_s",
+        "generation_tokens_per_s",
+        "tokens_per_forward_pass",
+        "memory_bytes",
+        "duration_s",
+    ] {
+        assert!(stats[k].as_f64().is_some(), "stats.{k} missing: {stats}");
+    }
+    assert!(stats["energy_j"].is_null() || stats["energy_j"].as_f64().is_some());
+    assert_eq!(stats["tokens_per_forward_pass"].as_f64(), Some(1.0));
+}
+
+#[test]
+fn seeded_sampling_is_reproducible() {
+    let dir = fixture("qwen35-tiny");
+    let run = || {
+        let o = yomi(&[
+            "run",
+            "--model",
+            dir.to_str().unwrap(),
+            "-m",
+            "hi",
+            "--max-tokens",
+            "16",
+            "--temperature",
+            "0.8",
+            "--top-p",
+            "0.9",
+            "--seed",
+            "7",
+            "--json",
+        ]);
+        assert!(o.status.success());
+        let s = String::from_utf8(o.stdout).unwrap();
+        let v: serde_json::Value = serde_json::from_str(s.lines().last().unwrap()).unwrap();
+        v["output_ids"].clone()
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn logits_writes_the_prefill_logits() {
+    let dir = fixture("qwen35-tiny");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("l.safetensors");
+    let o = yomi(&[
+        "logits",
+        "--model",
+        dir.to_str().unwrap(),
+        "--tokens",
+        "1,2,3,40",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let bytes = std::fs::read(&out).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.tensor("logits").unwrap().shape(), &[4, 512]);
+}
+
+#[test]
+fn missing_path() {
+    assert_clean_error(&run_on(Path::new("/nonexistent/model")), "does not exist");
+}
+
+#[test]
+fn directory_without_config() {
+    let d = tempfile::tempdir().unwrap();
+    assert_clean_error(&run_on(d.path()), "config.json");
+}
+
+#[test]
+fn unsupported_architecture() {
+    let d = broken_copy();
+    std::fs::write(
+        d.path().join("config.json"),
+        r#"{"architectures": ["MambaForCausalLM"], "hidden_size": 8}"#,
+    )
+    .unwrap();
+    let out = run_on(d.path());
+    assert_clean_error(&out, "unsupported architecture `MambaForCausalLM`");
+    assert_clean_error(&out, "LlamaForCausalLM");
+}
+
+#[test]
+fn malformed_config() {
+    let d = broken_copy();
+    std::fs::write(d.path().join("config.json"), "{not json").unwrap();
+    assert_clean_error(&run_on(d.path()), "not valid JSON");
+}
+
+#[test]
+fn truncated_safetensors() {
+    let d = broken_copy();
+    let p = d.path().join("model.safetensors");
+    let len = std::fs::metadata(&p).unwrap().len();
+    for cut in [4u64, 100, len / 2, len - 1] {
+        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        f.set_len(cut).unwrap();
+        assert_clean_error(&run_on(d.path()), "model.safetensors");
+    }
+}
+
+#[test]
+fn corrupt_safetensors_header() {
+    let d = broken_copy();
+    let p = d.path().join("model.safetensors");
+    let mut bytes = std::fs::read(&p).unwrap();
+    for b in bytes.iter_mut().skip(8).take(40) {
+        *b = b'#';
+    }
+    std::fs::write(&p, bytes).unwrap();
+    assert_clean_error(&run_on(d.path()), "not a valid safetensors file");
+}
+
+#[test]
+fn wrong_dtype() {
+    let d = broken_copy();
+    rewrite_weights(d.path(), |t| {
+        let e = t.iter_mut().find(|e| e.0 == "model.norm.weight").unwrap();
+        e.1 = safetensors::Dtype::I32;
+    });
+    assert_clean_error(
+        &run_on(d.path()),
+        "weight `model.norm.weight` has dtype I32",
+    );
+}
+
+#[test]
+fn wrong_shape() {
+    let d = broken_copy();
+    rewrite_weights(d.path(), |t| {
+        let e = t
+            .iter_mut()
+            .find(|e| e.0 == "model.layers.1.linear_attn.in_proj_z.weight")
+            .unwrap();
+        let n = e.3.len() / 4;
+        e.2 = vec![n / 64, 64];
+    });
+    assert_clean_error(
+        &run_on(d.path()),
+        "weight `model.layers.1.linear_attn.in_proj_z.weight` has shape",
+    );
+}
+
+#[test]
+fn missing_tensor() {
+    let d = broken_copy();
+    rewrite_weights(d.path(), |t| {
+        t.retain(|e| e.0 != "model.layers.3.self_attn.k_norm.weight")
+    });
+    assert_clean_error(
+        &run_on(d.path()),
+        "weight `model.layers.3.self_attn.k_norm.weight` is missing",
+    );
+}
+
+#[test]
+fn empty_prompt() {
+    let dir = fixture("qwen35-tiny");
+    let out = yomi(&["run", "--model", dir.to_str().unwrap(), "-m", "  "]);
+    assert_clean_error(&out, "prompt is empty");
+}
+
+#[test]
+fn prompt_longer_than_context() {
+    let dir = fixture("qwen35-tiny");
+    let long = "def f(x): return x\n".repeat(50);
+    let out = yomi(&[
+        "run",
+        "--model",
+        dir.to_str().unwrap(),
+        "-m",
+        &long,
+        "--ctx-size",
+        "64",
+    ]);
+    assert_clean_error(&out, "does not fit the context of 64 tokens");
+}
+
+#[test]
+fn bad_sampling_parameter() {
+    let dir = fixture("qwen35-tiny");
+    let out = yomi(&[
+        "run",
+        "--model",
+        dir.to_str().unwrap(),
+        "-m",
+        "hi",
+        "--top-p",
+        "0",
+    ]);
+    assert_clean_error(&out, "top_p");
+}
+
+#[test]
+fn bad_logits_arguments() {
+    let dir = fixture("qwen35-tiny");
+    let out = yomi(&[
+        "logits",
+        "--model",
+        dir.to_str().unwrap(),
+        "--tokens",
+        "1,x",
+        "--out",
+        "/tmp/x.safetensors",
+    ]);
+    assert_clean_error(&out, "`x` is not a valid number");
+    let out = yomi(&[
+        "logits",
+        "--model",
+        dir.to_str().unwrap(),
+        "--tokens",
+        "1,99999",
+        "--out",
+        "/tmp/x.safetensors",
+    ]);
+    assert_clean_error(&out, "outside the vocabulary");
+}

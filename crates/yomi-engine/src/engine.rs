@@ -1,0 +1,158 @@
+//! An engine: one loaded model with its tokenizer, chat template and generation defaults, and
+//! the thread pool its kernels run on.
+
+use anyhow::{Context, Result, bail};
+use std::path::{Path, PathBuf};
+use yomi_models::loader::{ModelFormat, detect_format, load_hf_dir};
+use yomi_models::{Model, State};
+
+use crate::template::{ChatMessage, ChatTemplate, GenerationDefaults};
+use crate::tokenizer::TextTokenizer;
+
+/// How to open a model.
+#[derive(Clone, Debug, Default)]
+pub struct EngineOptions {
+    /// Context size in tokens (default: the model's maximum, capped at [`DEFAULT_MAX_CONTEXT`]).
+    pub context_size: Option<usize>,
+    /// Kernel threads (default: one per core).
+    pub threads: Option<usize>,
+}
+
+/// Default cap on the context size: the KV cache is allocated lazily, but this bounds what a
+/// runaway generation can take.
+pub const DEFAULT_MAX_CONTEXT: usize = 32768;
+
+/// What a request's prompt is.
+#[derive(Clone, Debug)]
+pub enum Prompt {
+    /// A conversation rendered with the model's chat template.
+    Chat {
+        messages: Vec<ChatMessage>,
+        enable_thinking: Option<bool>,
+    },
+    /// Raw text, tokenized as is (with the tokenizer's own special tokens, e.g. BOS).
+    Text(String),
+    /// Token ids.
+    Ids(Vec<u32>),
+}
+
+pub struct Engine {
+    pub model: Model,
+    pub tokenizer: TextTokenizer,
+    pub template: Option<ChatTemplate>,
+    pub defaults: GenerationDefaults,
+    /// Ids that end generation.
+    pub eos_token_ids: Vec<u32>,
+    pub context_size: usize,
+    pub path: PathBuf,
+    pool: rayon::ThreadPool,
+}
+
+impl Engine {
+    /// Opens a Hugging Face directory or a GGUF file. `progress(done, total)` reports loading.
+    pub fn load(
+        path: &Path,
+        opts: &EngineOptions,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        let format = detect_format(path)?;
+        let (model, tokenizer, template, defaults) = match format {
+            ModelFormat::HfDir => {
+                let model = load_hf_dir(path, progress)?;
+                let tok_path = path.join("tokenizer.json");
+                if !tok_path.is_file() {
+                    bail!("{} has no tokenizer.json", path.display());
+                }
+                let tokenizer = TextTokenizer::from_file(&tok_path)?;
+                let template = ChatTemplate::from_hf_dir(path)?;
+                let defaults = GenerationDefaults::from_hf_dir(path, &tokenizer)?;
+                (model, tokenizer, template, defaults)
+            }
+            ModelFormat::Gguf => crate::gguf_model::load(path, progress)?,
+        };
+        let mut eos = defaults.eos_token_ids.clone();
+        for &e in &model.cfg.eos_token_ids {
+            if !eos.contains(&e) {
+                eos.push(e);
+            }
+        }
+        let max_ctx = model.cfg.max_position_embeddings.min(DEFAULT_MAX_CONTEXT);
+        let context_size = opts.context_size.unwrap_or(max_ctx);
+        if context_size == 0 {
+            bail!("the context size must be at least 1 token");
+        }
+        let mut pb = rayon::ThreadPoolBuilder::new();
+        if let Some(n) = opts.threads {
+            if n == 0 {
+                bail!("--threads must be at least 1");
+            }
+            pb = pb.num_threads(n);
+        }
+        let pool = pb.build().context("cannot start the kernel thread pool")?;
+        Ok(Engine {
+            model,
+            tokenizer,
+            template,
+            defaults,
+            eos_token_ids: eos,
+            context_size,
+            path: path.to_path_buf(),
+            pool,
+        })
+    }
+
+    /// A new, empty sequence state sized to the context.
+    pub fn new_state(&self) -> State {
+        State::new(&self.model.cfg, self.context_size)
+    }
+
+    /// Runs `f` on the engine's thread pool (kernels then fork from a worker thread).
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// Turns a prompt into token ids. Chat prompts go through the model's own template.
+    pub fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+        let ids = match prompt {
+            Prompt::Chat {
+                messages,
+                enable_thinking,
+            } => {
+                let tpl = self.template.as_ref().with_context(|| {
+                    format!(
+                        "{} has no chat template; pass --raw to use the text as the prompt",
+                        self.path.display()
+                    )
+                })?;
+                let text = tpl.render(messages, true, *enable_thinking)?;
+                self.tokenizer.encode(&text, false)?
+            }
+            Prompt::Text(t) => self.tokenizer.encode(t, true)?,
+            Prompt::Ids(ids) => ids.clone(),
+        };
+        if ids.is_empty() {
+            bail!("the prompt is empty");
+        }
+        if let Some(&bad) = ids
+            .iter()
+            .find(|&&i| i as usize >= self.model.cfg.vocab_size)
+        {
+            bail!(
+                "token id {bad} is outside the vocabulary of {} tokens",
+                self.model.cfg.vocab_size
+            );
+        }
+        if ids.len() >= self.context_size {
+            bail!(
+                "the prompt is {} tokens, which does not fit the context of {} tokens (use --ctx-size to raise it)",
+                ids.len(),
+                self.context_size
+            );
+        }
+        Ok(ids)
+    }
+}
