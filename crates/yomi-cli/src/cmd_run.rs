@@ -4,6 +4,7 @@ use anyhow::{Result, bail};
 use clap::Args;
 use std::io::Write;
 use yomi_core::SamplerParams;
+use yomi_engine::generate::{DEFAULT_DRAFT_BUDGET, DraftMode, MAX_DRAFT_BUDGET};
 use yomi_engine::stats::StatsRecorder;
 use yomi_engine::template::ChatMessage;
 use yomi_engine::{GenerateParams, Prompt};
@@ -50,6 +51,24 @@ pub struct RunArgs {
     /// Print one JSON object on the last line: prompt_ids, output_ids, text, stats.
     #[arg(long)]
     pub json: bool,
+    /// Speculative drafter: none (plain decoding) or suffix (model-free matching of the prompt
+    /// and output; backs off when it does not help). Lossless: the output is the same either
+    /// way.
+    #[arg(long, default_value = "suffix", value_name = "MODE", value_parser = ["none", "suffix"])]
+    pub draft: String,
+    /// Most draft tokens verified per pass (1..=64).
+    #[arg(long, default_value_t = DEFAULT_DRAFT_BUDGET, value_name = "N", value_parser = parse_draft_budget)]
+    pub draft_budget: usize,
+}
+
+fn parse_draft_budget(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("expected a whole number, got {s:?}"))?;
+    if !(1..=MAX_DRAFT_BUDGET).contains(&n) {
+        return Err(format!("must be in 1..={MAX_DRAFT_BUDGET}, got {n}"));
+    }
+    Ok(n)
 }
 
 fn random_seed() -> u64 {
@@ -109,6 +128,8 @@ pub fn run(a: RunArgs) -> Result<()> {
         max_tokens: a.max_tokens,
         sampler,
         stop: a.stop.clone(),
+        draft: a.draft.parse::<DraftMode>().map_err(anyhow::Error::msg)?,
+        draft_budget: a.draft_budget,
     };
     let mut state = engine.new_state();
     let mut out = std::io::stdout();

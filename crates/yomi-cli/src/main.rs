@@ -1,7 +1,11 @@
 //! The `yomi` command-line tool.
 
+mod cmd_bench;
+mod cmd_chat;
 mod cmd_logits;
+mod cmd_perplexity;
 mod cmd_run;
+mod cmd_serve;
 mod common;
 
 use clap::{Parser, Subcommand};
@@ -33,6 +37,18 @@ enum Command {
     /// Write the [T, V] float32 logits of one forward pass to a safetensors file (a tracing
     /// tool to compare against any reference).
     Logits(cmd_logits::LogitsArgs),
+    /// Perplexity of a text file in fixed windows (llama-perplexity style), to compare
+    /// quantization formats on quality.
+    Perplexity(cmd_perplexity::PerplexityArgs),
+    /// Chat with a model in the terminal: streamed replies, thinking shown apart, stats after
+    /// each reply; /reset, /stats, /exit.
+    Chat(cmd_chat::ChatArgs),
+    /// Serve a model over an OpenAI-compatible HTTP API (chat and text completions,
+    /// streaming, prefix cache).
+    Serve(cmd_serve::ServeArgs),
+    /// Measure any OpenAI-compatible server: time to first token, end-to-end time, decode
+    /// tok/s and tokens per pass, medians over runs.
+    Bench(cmd_bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -40,6 +56,10 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(a) => cmd_run::run(a),
         Command::Logits(a) => cmd_logits::run(a),
+        Command::Perplexity(a) => cmd_perplexity::run(a),
+        Command::Chat(a) => cmd_chat::run(a),
+        Command::Serve(a) => cmd_serve::run(a),
+        Command::Bench(a) => cmd_bench::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -143,6 +143,34 @@ fn run_json_reproduces_the_reference_greedy_ids() {
 }
 
 #[test]
+fn suffix_drafting_gives_the_reference_greedy_ids_too() {
+    let dir = fixture("qwen35-tiny");
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let prompt = reference["prompt_text"].as_str().unwrap();
+    let run = |draft: &str| -> serde_json::Value {
+        let o = yomi(&[
+            "run",
+            "--model",
+            dir.to_str().unwrap(),
+            "--raw",
+            "-m",
+            prompt,
+            "--max-tokens",
+            "48",
+            "--json",
+            "--draft",
+            draft,
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let s = String::from_utf8(o.stdout).unwrap();
+        serde_json::from_str(s.lines().last().unwrap()).unwrap()
+    };
+    assert_eq!(run("suffix")["output_ids"], run("none")["output_ids"]);
+}
+
+#[test]
 fn seeded_sampling_is_reproducible() {
     let dir = fixture("qwen35-tiny");
     let run = || {
@@ -348,4 +376,50 @@ fn bad_logits_arguments() {
         "/tmp/x.safetensors",
     ]);
     assert_clean_error(&out, "outside the vocabulary");
+}
+
+#[test]
+fn perplexity_runs_and_rejects_bad_files() {
+    let dir = fixture("qwen35-tiny");
+    let tmp = tempfile::tempdir().unwrap();
+    let text = tmp.path().join("t.py");
+    std::fs::write(&text, "def add(a, b):\n    return a + b\n".repeat(40)).unwrap();
+    let o = yomi(&[
+        "perplexity",
+        "--model",
+        dir.to_str().unwrap(),
+        "--file",
+        text.to_str().unwrap(),
+        "--window",
+        "64",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(String::from_utf8(o.stdout).unwrap().trim()).unwrap();
+    let ppl = v["perplexity"].as_f64().unwrap();
+    // A random model over a 512-token vocabulary: finite and above 1.
+    assert!(ppl.is_finite() && ppl > 1.0, "{v}");
+    assert_eq!(
+        v["scored_tokens"].as_u64().unwrap(),
+        v["windows"].as_u64().unwrap() * 32
+    );
+    let missing = yomi(&[
+        "perplexity",
+        "--model",
+        dir.to_str().unwrap(),
+        "--file",
+        "/nonexistent.txt",
+    ]);
+    assert_clean_error(&missing, "cannot read /nonexistent.txt");
+    let empty = tmp.path().join("e.txt");
+    std::fs::write(&empty, "  \n").unwrap();
+    let o = yomi(&[
+        "perplexity",
+        "--model",
+        dir.to_str().unwrap(),
+        "--file",
+        empty.to_str().unwrap(),
+    ]);
+    assert_clean_error(&o, "is empty");
 }

@@ -92,46 +92,52 @@ impl TreeBatch {
     /// Builds a tree from parent indices in a topological order: exactly one root (row 0), and
     /// every parent before its child.
     pub fn from_parents(parents: &[i32]) -> Result<Self, TreeError> {
+        let mut tb = TreeBatch::chain(0);
+        tb.set_parents(parents)?;
+        Ok(tb)
+    }
+
+    /// Rebuilds this batch from parent indices (same rules as [`TreeBatch::from_parents`]),
+    /// reusing its buffers: no allocation once they have grown. On error the batch is left
+    /// as an empty chain.
+    pub fn set_parents(&mut self, parents: &[i32]) -> Result<(), TreeError> {
+        self.set_chain(0);
         if parents.is_empty() {
             return Err(TreeError::Empty);
         }
         let t = parents.len();
-        let mut depth = vec![0u32; t];
         for (i, &p) in parents.iter().enumerate() {
             if p >= i as i32 || p < -1 {
+                self.set_chain(0);
                 return Err(TreeError::ParentNotBefore { row: i, parent: p });
             }
-            if p == -1 {
+            let d = if p == -1 {
                 if i != 0 {
+                    self.set_chain(0);
                     return Err(TreeError::MultipleRoots { row: i });
                 }
+                0
             } else {
-                depth[i] = depth[p as usize] + 1;
-            }
+                self.depth[p as usize] + 1
+            };
+            self.depth.push(d);
+            self.parent.push(p);
         }
-        let is_chain = parents.iter().enumerate().all(|(i, &p)| p == i as i32 - 1);
-        let (anc, words) = if is_chain {
-            (Vec::new(), 0)
-        } else {
+        self.is_chain = parents.iter().enumerate().all(|(i, &p)| p == i as i32 - 1);
+        if !self.is_chain {
             let words = t.div_ceil(64);
-            let mut anc = vec![0u64; t * words];
-            for i in 0..t {
-                if parents[i] >= 0 {
-                    let p = parents[i] as usize;
-                    let (before, after) = anc.split_at_mut(i * words);
+            self.words = words;
+            self.anc.resize(t * words, 0);
+            for (i, &p) in parents.iter().enumerate() {
+                if p >= 0 {
+                    let p = p as usize;
+                    let (before, after) = self.anc.split_at_mut(i * words);
                     after[..words].copy_from_slice(&before[p * words..(p + 1) * words]);
                 }
-                anc[i * words + i / 64] |= 1u64 << (i % 64);
+                self.anc[i * words + i / 64] |= 1u64 << (i % 64);
             }
-            (anc, words)
-        };
-        Ok(TreeBatch {
-            parent: parents.to_vec(),
-            depth,
-            anc,
-            words,
-            is_chain,
-        })
+        }
+        Ok(())
     }
 
     pub fn len(&self) -> usize {

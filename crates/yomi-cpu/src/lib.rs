@@ -8,6 +8,7 @@ pub mod conv;
 pub mod gdn;
 pub mod linear;
 pub mod norm;
+pub mod quant;
 pub mod rope;
 pub mod simd;
 

@@ -4,10 +4,17 @@
 //! memory-bound, so the kernel streams each weight row **once** for all T rows: the row is
 //! converted to f32 (when stored as bf16/f16) into a per-thread buffer and dotted with every
 //! input row while it sits in L1. Output rows are split across the rayon pool.
+//!
+//! GGML block-quantized weights ([`WeightData::Quant`]) take the integer path of
+//! [`crate::quant`]: the T input rows are quantized once per call (at the process-wide
+//! [`crate::quant::Precision`]: by default int8×2, ~16-bit activations held as two int8 planes;
+//! `YOMI_QUANT_ACT=int8` for one plane) and each weight row is dotted with all of them in integer
+//! arithmetic.
 
 use rayon::prelude::*;
 use std::cell::RefCell;
 
+use crate::quant::{self, QuantData, QuantShapeError, QuantType};
 use crate::simd;
 
 /// How a weight matrix is stored in memory.
@@ -18,6 +25,8 @@ pub enum WeightData {
     Bf16(Vec<u16>),
     /// f16 bit patterns.
     F16(Vec<u16>),
+    /// GGML blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K), row after row.
+    Quant(QuantData),
 }
 
 impl WeightData {
@@ -25,6 +34,7 @@ impl WeightData {
         match self {
             WeightData::F32(v) => v.len() * 4,
             WeightData::Bf16(v) | WeightData::F16(v) => v.len() * 2,
+            WeightData::Quant(q) => q.bytes.len(),
         }
     }
 }
@@ -42,12 +52,36 @@ impl Matrix {
         let n = match &data {
             WeightData::F32(v) => v.len(),
             WeightData::Bf16(v) | WeightData::F16(v) => v.len(),
+            WeightData::Quant(q) => {
+                if let Err(e) = q.check_shape(rows, cols) {
+                    panic!("matrix data does not match its shape: {e}");
+                }
+                rows * cols
+            }
         };
         assert_eq!(n, rows * cols, "matrix data does not match its shape");
         Matrix { rows, cols, data }
     }
 
-    /// Row `r` as f32 into `buf` (len = cols).
+    /// A block-quantized matrix, checking that `bytes` hold exactly [rows, cols] of `ty`
+    /// (the non-panicking constructor for data read from files).
+    pub fn quantized(
+        rows: usize,
+        cols: usize,
+        ty: QuantType,
+        bytes: Vec<u8>,
+    ) -> Result<Self, QuantShapeError> {
+        let q = QuantData { ty, bytes };
+        q.check_shape(rows, cols)?;
+        Ok(Matrix {
+            rows,
+            cols,
+            data: WeightData::Quant(q),
+        })
+    }
+
+    /// Row `r` as f32 into `buf` (len = cols). Quantized rows are dequantized (one row only,
+    /// so an embedding table stored as blocks is read one token at a time).
     #[inline]
     pub fn row_f32<'a>(&'a self, r: usize, buf: &'a mut [f32]) -> &'a [f32] {
         let c = self.cols;
@@ -59,6 +93,11 @@ impl Matrix {
             }
             WeightData::F16(v) => {
                 simd::f16_to_f32(&v[r * c..(r + 1) * c], buf);
+                buf
+            }
+            WeightData::Quant(q) => {
+                let buf = &mut buf[..c];
+                quant::dequantize_row(q.ty, q.row(c, r), buf);
                 buf
             }
         }
@@ -82,7 +121,9 @@ pub fn linear(x: &[f32], t: usize, w: &Matrix, bias: Option<&[f32]>, out: &mut [
     let (n_out, n_in) = (w.rows, w.cols);
     assert_eq!(x.len(), t * n_in, "linear: input is not [T, in]");
     assert_eq!(out.len(), t * n_out, "linear: output is not [T, out]");
-    if t == 1 {
+    if let WeightData::Quant(q) = &w.data {
+        quant::linear_quant(x, t, n_out, n_in, q, out);
+    } else if t == 1 {
         out.par_chunks_mut(ROWS_PER_TASK)
             .enumerate()
             .for_each(|(ci, chunk)| {

@@ -1,11 +1,17 @@
 //! The generate loop (DESIGN §2): prefill in chunks, then one loop of target passes. Each pass
-//! verifies a tree whose root is the pending token (plain decoding: the tree is that token
-//! alone), samples every row with position-seeded noise, walks the accepted path, commits it
-//! and streams the new tokens. There is one loop; drafters (later) only change the tree.
+//! verifies a tree whose root is the pending token and whose other rows are the drafter's
+//! proposals (plain decoding: the tree is that token alone), samples the rows on the accepted
+//! path with position-seeded noise, commits that path and streams its tokens and the bonus
+//! token. There is one loop; a drafter only changes the tree, never the output.
 
-use anyhow::Result;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Instant;
+
+use anyhow::{Result, bail};
 use yomi_core::{Sampler, SamplerParams, TreeBatch};
 use yomi_models::{LogitRows, State};
+use yomi_spec::{DraftTree, Drafter, SuffixDrafter, accept_with};
 
 use crate::engine::Engine;
 use crate::stats::{GenerationStats, StatsRecorder};
@@ -15,12 +21,90 @@ use crate::tokenizer::StreamDecoder;
 /// attention scratch modest.
 pub const PREFILL_CHUNK: usize = 256;
 
+/// Draft tokens per pass unless told otherwise.
+pub const DEFAULT_DRAFT_BUDGET: usize = 16;
+/// The largest draft budget accepted.
+pub const MAX_DRAFT_BUDGET: usize = 64;
+
+/// Which drafter proposes the tokens each pass verifies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DraftMode {
+    /// Plain decoding: each pass verifies the pending token alone.
+    #[default]
+    None,
+    /// Model-free suffix matching over the prompt and output ([`SuffixDrafter`]).
+    Suffix,
+}
+
+impl DraftMode {
+    /// A fresh drafter for one request, or `None` for plain decoding.
+    pub fn drafter(self) -> Option<Box<dyn Drafter>> {
+        match self {
+            DraftMode::None => None,
+            DraftMode::Suffix => Some(Box::new(SuffixDrafter::default())),
+        }
+    }
+}
+
+impl FromStr for DraftMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(DraftMode::None),
+            "suffix" => Ok(DraftMode::Suffix),
+            _ => Err(format!(
+                "unknown draft mode {s:?} (expected none or suffix)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for DraftMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DraftMode::None => "none",
+            DraftMode::Suffix => "suffix",
+        })
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct GenerateParams {
     pub max_tokens: usize,
     pub sampler: SamplerParams,
     /// Text that ends generation when it appears in the output (not included in the text).
     pub stop: Vec<String>,
+    /// The drafter (lossless: the output is the same with any drafter).
+    pub draft: DraftMode,
+    /// Most draft tokens per pass, 1..=[`MAX_DRAFT_BUDGET`] (ignored without a drafter).
+    pub draft_budget: usize,
+}
+
+impl Default for GenerateParams {
+    /// 512 tokens, greedy, no stop strings, plain decoding (budget [`DEFAULT_DRAFT_BUDGET`]).
+    fn default() -> Self {
+        GenerateParams {
+            max_tokens: 512,
+            sampler: SamplerParams::default(),
+            stop: Vec::new(),
+            draft: DraftMode::None,
+            draft_budget: DEFAULT_DRAFT_BUDGET,
+        }
+    }
+}
+
+impl GenerateParams {
+    /// Checks what a caller can get wrong; the message names the setting.
+    pub fn validate(&self) -> Result<(), String> {
+        self.sampler.validate()?;
+        if self.draft != DraftMode::None && !(1..=MAX_DRAFT_BUDGET).contains(&self.draft_budget) {
+            return Err(format!(
+                "the draft budget must be in 1..={MAX_DRAFT_BUDGET}, got {}",
+                self.draft_budget
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -41,61 +125,243 @@ pub struct Generation {
     pub text: String,
     pub finish_reason: FinishReason,
     pub stats: GenerationStats,
+    /// Prompt tokens resumed from the state as given (a cached prefix) instead of prefilled;
+    /// `stats.prefill_tokens` counts the others.
+    pub cached_tokens: usize,
 }
+
+/// Callbacks into the generate loop for callers that keep state between requests (the prefix
+/// cache) or watch tokens go by. Every method has a default that does nothing.
+pub trait GenerateHooks: Send {
+    /// A prefill chunk was committed. `last_logits` are the logits after the prompt's last
+    /// token when this chunk completed the prompt.
+    fn prefill_chunk(&mut self, _state: &State, _last_logits: Option<&[f32]>) {}
+
+    /// A token was emitted (before its text, if any, reaches `on_text`).
+    fn token(&mut self, _id: u32) {}
+}
+
+/// No hooks.
+pub struct NoHooks;
+
+impl GenerateHooks for NoHooks {}
 
 /// Receives streamed text; returning false cancels generation.
 pub type OnText<'a> = dyn FnMut(&str) -> bool + Send + 'a;
 
+/// Verify-pass times fitted as time ≈ a + b · (T − 1) by least squares over a decaying window;
+/// b / a, what one more row costs relative to a one-row pass, sizes the drafter's trees.
+#[derive(Default)]
+struct PassCost {
+    n: f64,
+    x: f64,
+    xx: f64,
+    t: f64,
+    xt: f64,
+}
+
+impl PassCost {
+    /// Weight of the past per pass (a window of about 20 passes).
+    const DECAY: f64 = 0.95;
+
+    fn add(&mut self, rows: usize, secs: f64) {
+        let x = rows.saturating_sub(1) as f64;
+        let d = Self::DECAY;
+        self.n = d * self.n + 1.0;
+        self.x = d * self.x + x;
+        self.xx = d * self.xx + x * x;
+        self.t = d * self.t + secs;
+        self.xt = d * self.xt + x * secs;
+    }
+
+    /// b / a, once passes of different sizes have been seen.
+    fn row_cost(&self) -> Option<f32> {
+        let var = self.n * self.xx - self.x * self.x;
+        if self.n < 2.0 || var <= 1e-6 * self.n * self.n {
+            return None;
+        }
+        let b = (self.n * self.xt - self.x * self.t) / var;
+        let a = (self.t - b * self.x) / self.n;
+        (a > 0.0).then(|| (b.max(0.0) / a) as f32)
+    }
+}
+
+/// Where the generate loop starts: a reset state (`keep_prefix` false) or the state's
+/// committed prefix of the prompt.
+struct Resume<'a> {
+    keep_prefix: bool,
+    /// The logits after the last committed token (when that prefix is the whole prompt).
+    logits: Option<&'a [f32]>,
+    hooks: &'a mut dyn GenerateHooks,
+}
+
+/// The output of a request as it grows.
+struct Output {
+    ids: Vec<u32>,
+    /// The drafter's context, prompt + `ids` (kept only when drafting).
+    context: Vec<u32>,
+    drafting: bool,
+    text: String,
+    /// Bytes of `text` passed to the caller (the rest may start a stop string).
+    emitted: usize,
+    decoder: StreamDecoder,
+    /// A stop string or the caller ended the text: nothing is held back for a final flush.
+    text_ended: bool,
+}
+
 impl Engine {
-    /// Generates from `prompt_ids` in `state` (which is reset first). `stats` should have been
-    /// started when the request arrived.
+    /// Generates from `prompt_ids` in `state` (which is reset first), drafting with
+    /// `params.draft`. `stats` should have been started when the request arrived.
     pub fn generate(
         &self,
         state: &mut State,
         prompt_ids: &[u32],
         params: &GenerateParams,
+        stats: StatsRecorder,
+        on_text: &mut OnText,
+    ) -> Result<Generation> {
+        let mut drafter = params.draft.drafter();
+        let drafter: Option<&mut dyn Drafter> = match &mut drafter {
+            Some(d) => Some(d.as_mut()),
+            None => None,
+        };
+        self.generate_with(state, prompt_ids, params, drafter, stats, on_text)
+    }
+
+    /// [`generate`](Self::generate) with a caller's drafter (e.g. one whose history is shared
+    /// between requests) instead of a fresh one made from `params.draft`; `None` decodes
+    /// plainly.
+    pub fn generate_with(
+        &self,
+        state: &mut State,
+        prompt_ids: &[u32],
+        params: &GenerateParams,
+        drafter: Option<&mut dyn Drafter>,
         mut stats: StatsRecorder,
         on_text: &mut OnText,
     ) -> Result<Generation> {
-        params.sampler.validate().map_err(anyhow::Error::msg)?;
-        self.install(|| self.generate_inner(state, prompt_ids, params, &mut stats, on_text))
-            .map(|(output_ids, text, finish_reason)| Generation {
-                prompt_ids: prompt_ids.to_vec(),
-                output_ids,
-                text,
-                finish_reason,
-                stats: stats.finish(),
-            })
+        params.validate().map_err(anyhow::Error::msg)?;
+        let mut hooks = NoHooks;
+        let from = Resume {
+            keep_prefix: false,
+            logits: None,
+            hooks: &mut hooks,
+        };
+        self.install(|| {
+            self.generate_inner(
+                state, prompt_ids, params, drafter, &mut stats, on_text, from,
+            )
+        })
+        .map(|(output_ids, text, finish_reason, cached)| Generation {
+            prompt_ids: prompt_ids.to_vec(),
+            output_ids,
+            text,
+            finish_reason,
+            stats: stats.finish(),
+            cached_tokens: cached,
+        })
     }
 
+    /// [`generate_with`](Self::generate_with) from the state as given when its committed
+    /// tokens are a prefix of `prompt_ids` (e.g. restored from a prefix cache): only the rest
+    /// of the prompt is prefilled. A state holding the whole prompt also needs the logits
+    /// after its last token (`last_logits`, V floats); a state that holds anything else is
+    /// reset first. Prefill chunks end at multiples of [`PREFILL_CHUNK`] in absolute
+    /// positions, as in a cold run. `hooks` see each committed prefill chunk and each token.
+    #[allow(clippy::too_many_arguments)]
+    pub fn generate_resumed(
+        &self,
+        state: &mut State,
+        prompt_ids: &[u32],
+        params: &GenerateParams,
+        drafter: Option<&mut dyn Drafter>,
+        mut stats: StatsRecorder,
+        last_logits: Option<&[f32]>,
+        hooks: &mut dyn GenerateHooks,
+        on_text: &mut OnText,
+    ) -> Result<Generation> {
+        params.validate().map_err(anyhow::Error::msg)?;
+        let from = Resume {
+            keep_prefix: true,
+            logits: last_logits,
+            hooks,
+        };
+        self.install(|| {
+            self.generate_inner(
+                state, prompt_ids, params, drafter, &mut stats, on_text, from,
+            )
+        })
+        .map(|(output_ids, text, finish_reason, cached)| Generation {
+            prompt_ids: prompt_ids.to_vec(),
+            output_ids,
+            text,
+            finish_reason,
+            stats: stats.finish(),
+            cached_tokens: cached,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn generate_inner(
         &self,
         st: &mut State,
         prompt: &[u32],
         params: &GenerateParams,
+        mut drafter: Option<&mut dyn Drafter>,
         stats: &mut StatsRecorder,
         on_text: &mut OnText,
-    ) -> Result<(Vec<u32>, String, FinishReason)> {
+        from: Resume<'_>,
+    ) -> Result<(Vec<u32>, String, FinishReason, usize)> {
+        let Resume {
+            keep_prefix,
+            logits: last_logits,
+            hooks,
+        } = from;
         let model = &self.model;
         if prompt.is_empty() {
-            anyhow::bail!("the prompt is empty");
+            bail!("the prompt is empty");
         }
         if prompt.len() >= st.capacity() {
-            anyhow::bail!(
+            bail!(
                 "the prompt is {} tokens, which does not fit the context of {} tokens",
                 prompt.len(),
                 st.capacity()
             );
         }
-        st.reset();
+        // Resume from the committed prefix when it is one of the prompt (the whole prompt only
+        // with the logits after it), else start over.
+        let v = model.cfg.vocab_size;
+        let cached = st.committed();
+        let resumable = keep_prefix
+            && cached > 0
+            && st.pending().is_none()
+            && prompt.starts_with(st.tokens())
+            && (cached < prompt.len() || last_logits.is_some_and(|l| l.len() == v));
+        let cached = if resumable {
+            cached
+        } else {
+            st.reset();
+            0
+        };
+        if let Some(d) = drafter.as_deref_mut() {
+            d.start_request();
+        }
         stats.prefill_started();
         let mut logits = Vec::with_capacity(model.cfg.vocab_size * 2);
         let mut tree = TreeBatch::chain(0);
-        let mut accepted: Vec<usize> = Vec::with_capacity(64);
-        let n_chunks = prompt.len().div_ceil(PREFILL_CHUNK);
-        for (ci, part) in prompt.chunks(PREFILL_CHUNK).enumerate() {
+        let mut accepted: Vec<usize> = Vec::with_capacity(MAX_DRAFT_BUDGET + 1);
+        if cached == prompt.len() {
+            logits.extend_from_slice(last_logits.expect("checked above"));
+        }
+        // Chunks end at multiples of PREFILL_CHUNK (absolute positions), so a resumed prefill
+        // runs the same passes a cold one would from that point.
+        let mut pos = cached;
+        while pos < prompt.len() {
+            let end = ((pos / PREFILL_CHUNK + 1) * PREFILL_CHUNK).min(prompt.len());
+            let part = &prompt[pos..end];
+            let last = end == prompt.len();
             tree.set_chain(part.len());
-            let which = if ci + 1 == n_chunks {
+            let which = if last {
                 LogitRows::Last
             } else {
                 LogitRows::None
@@ -104,70 +370,169 @@ impl Engine {
             accepted.clear();
             accepted.extend(0..part.len());
             model.commit(st, &accepted)?;
+            hooks.prefill_chunk(st, last.then(|| &logits[..v]));
+            pos = end;
         }
-        stats.prefill_done(prompt.len());
+        stats.prefill_done(prompt.len() - cached);
 
         let mut sampler = Sampler::new(params.sampler.clone());
-        let mut decoder = StreamDecoder::with_context(&self.tokenizer, prompt, true)?;
-        let mut out_ids: Vec<u32> = Vec::with_capacity(params.max_tokens.min(4096));
-        let mut text = String::new();
-        let mut finish = FinishReason::Length;
-        if params.max_tokens == 0 {
-            return Ok((out_ids, text, finish));
+        let out_cap = params.max_tokens.min(st.capacity() - prompt.len());
+        let mut out = Output {
+            ids: Vec::with_capacity(out_cap.min(4096)),
+            context: Vec::new(),
+            drafting: drafter.is_some(),
+            text: String::new(),
+            emitted: 0,
+            decoder: StreamDecoder::with_context(&self.tokenizer, prompt, true)?,
+            text_ended: false,
+        };
+        if out.drafting {
+            out.context.reserve(prompt.len() + out_cap);
+            out.context.extend_from_slice(prompt);
         }
+        if params.max_tokens == 0 {
+            return Ok((out.ids, out.text, FinishReason::Length, cached));
+        }
+        let mut draft = DraftTree::with_capacity(MAX_DRAFT_BUDGET + 1);
+        let mut cost = PassCost::default();
         // The token after the prompt.
         let mut next = sampler.sample(&logits, st.committed() as u64);
         stats.first_token();
-        let mut first = true;
-        let mut text_ended = false;
-        loop {
-            out_ids.push(next);
-            if !first {
-                stats.token_emitted();
+        let mut finish =
+            self.push_token(&mut out, next, st.committed(), st, params, hooks, on_text)?;
+        while finish.is_none() {
+            // One target pass over the tree rooted at the pending token `next`, at position c.
+            let c = st.committed();
+            draft.reset(next);
+            let mut proposed = false;
+            if let Some(d) = drafter.as_deref_mut() {
+                // Every emitted token must fit: the pass emits at most depth + 1 tokens, the
+                // last at position c + depth + 1 ≤ capacity − 1, and its T rows need
+                // c + T ≤ capacity.
+                let room = st.capacity() - c;
+                let max_depth = (params.max_tokens - out.ids.len() - 1).min(room - 2);
+                let max_drafts = params.draft_budget.min(room - 1);
+                if max_depth > 0 {
+                    if let Some(r) = cost.row_cost() {
+                        d.set_row_cost(r);
+                    }
+                    d.propose(&out.context, max_drafts, &mut draft);
+                    if draft.root() != Some(next) {
+                        bail!("the drafter's tree is not rooted at the pending token");
+                    }
+                    draft.trim(max_drafts, max_depth as u32);
+                    proposed = true;
+                }
             }
-            first = false;
-            if self.eos_token_ids.contains(&next) {
-                finish = FinishReason::Stop;
-                break;
+            let t0 = out.drafting.then(Instant::now);
+            let bonus = if draft.len() == 1 {
+                tree.set_chain(1);
+                model.forward(st, &[next], &tree, LogitRows::Last, &mut logits)?;
+                accepted.clear();
+                accepted.push(0);
+                model.commit(st, &accepted)?;
+                sampler.sample(&logits, (c + 1) as u64)
+            } else {
+                draft.to_batch(&mut tree)?;
+                model.forward(st, draft.tokens(), &tree, LogitRows::All, &mut logits)?;
+                let bonus = accept_with(
+                    &tree,
+                    draft.tokens(),
+                    |r| {
+                        let pos = c + tree.depth(r) as usize + 1;
+                        sampler.sample(&logits[r * v..(r + 1) * v], pos as u64)
+                    },
+                    &mut accepted,
+                );
+                model.commit(st, &accepted)?;
+                bonus
+            };
+            if let Some(t0) = t0 {
+                cost.add(draft.len(), t0.elapsed().as_secs_f64());
             }
-            if let Some(delta) = decoder.push(&self.tokenizer, next)?
-                && let Some(reason) = self.emit(&delta, &mut text, params, on_text)
-            {
-                finish = reason;
-                text_ended = true;
-                break;
+            if proposed && let Some(d) = drafter.as_deref_mut() {
+                d.observe(accepted.len() - 1, draft.num_drafts());
             }
-            if out_ids.len() >= params.max_tokens || st.committed() + 1 >= st.capacity() {
-                finish = FinishReason::Length;
-                break;
+            // Emit the accepted drafts, then the bonus; the k-th sits at position c + k.
+            let drafts = accepted[1..].iter().map(|&r| draft.tokens()[r]);
+            let mut emitted = 0;
+            for (k, tok) in (1..).zip(drafts.chain(std::iter::once(bonus))) {
+                emitted += 1;
+                finish = self.push_token(&mut out, tok, c + k, st, params, hooks, on_text)?;
+                if finish.is_some() {
+                    break;
+                }
             }
-            // One target pass over the tree rooted at the pending token.
-            tree.set_chain(1);
-            model.forward(st, &[next], &tree, LogitRows::Last, &mut logits)?;
-            model.commit(st, &[0])?;
-            next = sampler.sample(&logits, st.committed() as u64);
+            stats.pass_emitted(emitted);
+            next = bonus;
         }
+        let mut finish = finish.unwrap_or(FinishReason::Length);
         // Text held back (an incomplete character) comes out unless a stop string or the
         // caller already ended the text.
-        if !text_ended
-            && let Some(rest) = decoder.flush()
-            && let Some(reason) = self.emit(&rest, &mut text, params, on_text)
+        if !out.text_ended
+            && let Some(rest) = out.decoder.flush()
+            && let Some(reason) = self.emit(&rest, &mut out.text, &mut out.emitted, params, on_text)
         {
             finish = reason;
         }
-        Ok((out_ids, text, finish))
+        // Text held back as a possible start of a stop string that never came.
+        if out.emitted < out.text.len() && finish != FinishReason::Cancelled {
+            on_text(&out.text[out.emitted..]);
+            out.emitted = out.text.len();
+        }
+        Ok((out.ids, out.text, finish, cached))
     }
 
-    /// Appends a text delta, honouring stop strings; returns why to stop, if so.
+    /// Emits one token that sits at position `pos`; returns why to stop after it, if so: an
+    /// end-of-sequence token (which is kept in the output), a stop string, the caller, the
+    /// token limit, or the end of the context.
+    #[allow(clippy::too_many_arguments)]
+    fn push_token(
+        &self,
+        out: &mut Output,
+        tok: u32,
+        pos: usize,
+        st: &State,
+        params: &GenerateParams,
+        hooks: &mut dyn GenerateHooks,
+        on_text: &mut OnText,
+    ) -> Result<Option<FinishReason>> {
+        out.ids.push(tok);
+        hooks.token(tok);
+        if out.drafting {
+            out.context.push(tok);
+        }
+        if self.eos_token_ids.contains(&tok) {
+            return Ok(Some(FinishReason::Stop));
+        }
+        if let Some(delta) = out.decoder.push(&self.tokenizer, tok)?
+            && let Some(reason) =
+                self.emit(&delta, &mut out.text, &mut out.emitted, params, on_text)
+        {
+            out.text_ended = true;
+            return Ok(Some(reason));
+        }
+        if out.ids.len() >= params.max_tokens || pos + 1 >= st.capacity() {
+            return Ok(Some(FinishReason::Length));
+        }
+        Ok(None)
+    }
+
+    /// Appends a text delta, honouring stop strings; returns why to stop, if so. Text that
+    /// could be the start of a stop string is held back (`emitted` marks how much of `text`
+    /// the caller has seen), so a stop string that arrives over several deltas never
+    /// reaches the caller in part.
     fn emit(
         &self,
         delta: &str,
         text: &mut String,
+        emitted: &mut usize,
         params: &GenerateParams,
         on_text: &mut OnText,
     ) -> Option<FinishReason> {
         let start = text.len();
         text.push_str(delta);
+        let mut cut: Option<usize> = None;
         for s in &params.stop {
             if s.is_empty() {
                 continue;
@@ -178,21 +543,40 @@ impl Engine {
                 .find(|&i| text.is_char_boundary(i))
                 .unwrap_or(start);
             if let Some(pos) = text[from..].find(s.as_str()) {
-                let cut = from + pos;
-                let visible = if cut > start {
-                    text[start..cut].to_string()
-                } else {
-                    String::new()
-                };
-                text.truncate(cut);
-                if !visible.is_empty() {
-                    on_text(&visible);
-                }
-                return Some(FinishReason::Stop);
+                cut = Some(cut.map_or(from + pos, |c| c.min(from + pos)));
             }
         }
-        if !on_text(delta) {
-            return Some(FinishReason::Cancelled);
+        if let Some(cut) = cut {
+            text.truncate(cut);
+            if cut > *emitted {
+                on_text(&text[*emitted..cut]);
+                *emitted = cut;
+            }
+            return Some(FinishReason::Stop);
+        }
+        // Hold back the longest tail that a stop string starts with.
+        let hold = params
+            .stop
+            .iter()
+            .map(|s| {
+                (1..s.len())
+                    .rev()
+                    .find(|&n| {
+                        s.is_char_boundary(n)
+                            && n <= text.len() - *emitted
+                            && text.ends_with(&s[..n])
+                    })
+                    .unwrap_or(0)
+            })
+            .max()
+            .unwrap_or(0);
+        let upto = text.len() - hold;
+        if upto > *emitted {
+            let ok = on_text(&text[*emitted..upto]);
+            *emitted = upto;
+            if !ok {
+                return Some(FinishReason::Cancelled);
+            }
         }
         None
     }

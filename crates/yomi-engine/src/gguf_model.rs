@@ -1,20 +1,149 @@
-//! Loading a GGUF file: config from metadata, weights, tokenizer and chat template.
+//! Loading a GGUF file: config from metadata, weights in their block formats, a `tokenizers`
+//! tokenizer built from `tokenizer.ggml.*`, and the chat template from
+//! `tokenizer.chat_template`.
 
-use anyhow::{Result, bail};
+use anyhow::{Result, anyhow, bail};
 use std::path::Path;
+use tokenizers::models::bpe::BPE;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer};
 use yomi_models::Model;
+use yomi_models::gguf::GgufFile;
+use yomi_models::gguf_source::{GgufSource, config_from_gguf};
 
 use crate::template::{ChatTemplate, GenerationDefaults};
 use crate::tokenizer::TextTokenizer;
 
 pub(crate) fn load(
     path: &Path,
-    _progress: &mut dyn FnMut(usize, usize),
+    progress: &mut dyn FnMut(usize, usize),
 ) -> Result<(
     Model,
     TextTokenizer,
     Option<ChatTemplate>,
     GenerationDefaults,
 )> {
-    bail!("{}: GGUF models are not supported yet", path.display())
+    let file = GgufFile::open(path).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    let cfg = config_from_gguf(&file).map_err(|e| anyhow!("{}: {e:#}", path.display()))?;
+    let src = GgufSource::new(&file, &cfg);
+    let model =
+        Model::load(cfg, &src, progress).map_err(|e| anyhow!("{}: {e:#}", path.display()))?;
+    let tokenizer = tokenizer_from_gguf(&file).map_err(|e| anyhow!("{}: {e:#}", path.display()))?;
+    let token = |key: &str| -> Option<String> {
+        let id = file.get_u64(key).ok()?;
+        tokenizer.inner().id_to_token(id as u32)
+    };
+    let template = match file.get_str("tokenizer.chat_template") {
+        Ok(src) => Some(ChatTemplate::new(
+            src,
+            token("tokenizer.ggml.bos_token_id"),
+            token("tokenizer.ggml.eos_token_id"),
+        )?),
+        Err(_) => None,
+    };
+    let mut eos = Vec::new();
+    for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"] {
+        if let Ok(id) = file.get_u64(key)
+            && !eos.contains(&(id as u32))
+        {
+            eos.push(id as u32);
+        }
+    }
+    let defaults = GenerationDefaults {
+        eos_token_ids: eos,
+        ..Default::default()
+    };
+    Ok((model, tokenizer, template, defaults))
+}
+
+/// The pre-tokenizer llama.cpp uses for a `tokenizer.ggml.pre` value (its regex table), as
+/// `tokenizers` pieces.
+fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
+    let byte_level =
+        |regex: bool| PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, regex));
+    let split = |re: &str| -> Result<PreTokenizerWrapper> {
+        Ok(PreTokenizerWrapper::Split(
+            Split::new(
+                SplitPattern::Regex(re.to_string()),
+                SplitDelimiterBehavior::Isolated,
+                false,
+            )
+            .map_err(|e| anyhow!("pre-tokenizer regex: {e}"))?,
+        ))
+    };
+    const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    Ok(match pre {
+        // GPT-2 byte-level pattern, digits split one by one.
+        "smollm" | "starcoder" | "refact" | "codeshell" | "command-r" => {
+            PreTokenizerWrapper::Sequence(Sequence::new(vec![
+                PreTokenizerWrapper::Digits(Digits::new(true)),
+                byte_level(true),
+            ]))
+        }
+        "gpt2" | "default" | "gpt-2" => byte_level(true),
+        "llama3" | "llama-bpe" | "smaug-bpe" | "falcon3" => {
+            PreTokenizerWrapper::Sequence(Sequence::new(vec![split(LLAMA3)?, byte_level(false)]))
+        }
+        "qwen2" | "qwen35" | "deepseek-r1-qwen" => {
+            PreTokenizerWrapper::Sequence(Sequence::new(vec![split(QWEN2)?, byte_level(false)]))
+        }
+        other => bail!(
+            "unsupported GGUF pre-tokenizer `{other}` (supported: smollm, gpt2, llama3, qwen2 families)"
+        ),
+    })
+}
+
+/// Builds a byte-level BPE tokenizer from GGUF vocabulary, merges and token types.
+pub(crate) fn tokenizer_from_gguf(f: &GgufFile) -> Result<TextTokenizer> {
+    let model = f
+        .get_str("tokenizer.ggml.model")
+        .map_err(|e| anyhow!("{e}"))?;
+    if model != "gpt2" {
+        bail!("unsupported GGUF tokenizer model `{model}` (supported: gpt2 byte-level BPE)");
+    }
+    let tokens = f
+        .get_str_array("tokenizer.ggml.tokens")
+        .map_err(|e| anyhow!("{e}"))?;
+    let merges_raw = f
+        .get_str_array("tokenizer.ggml.merges")
+        .map_err(|e| anyhow!("{e}"))?;
+    let types = f.get_i32_array("tokenizer.ggml.token_type").ok();
+    let vocab: tokenizers::models::bpe::Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), i as u32))
+        .collect();
+    let merges: Vec<(String, String)> = merges_raw
+        .iter()
+        .map(|m| {
+            m.split_once(' ')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .ok_or_else(|| anyhow!("malformed BPE merge `{m}`"))
+        })
+        .collect::<Result<_>>()?;
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .ignore_merges(false)
+        .build()
+        .map_err(|e| anyhow!("cannot build the BPE model: {e}"))?;
+    let mut tok = Tokenizer::new(bpe);
+    let pre = f.get_str("tokenizer.ggml.pre").unwrap_or("default");
+    tok.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
+    tok.with_decoder(Some(ByteLevel::new(false, true, true)));
+    // Control (3) and user-defined (4) tokens are matched whole, before BPE.
+    if let Some(types) = types {
+        let specials: Vec<AddedToken> = tokens
+            .iter()
+            .zip(types.iter())
+            .filter(|(_, t)| **t == 3 || **t == 4)
+            .map(|(s, t)| AddedToken::from(s.clone(), *t == 3))
+            .collect();
+        tok.add_special_tokens(specials)
+            .map_err(|e| anyhow!("cannot add special tokens: {e}"))?;
+    }
+    Ok(TextTokenizer::from_tokenizer(tok))
 }

@@ -4,9 +4,12 @@
 pub mod engine;
 pub mod generate;
 mod gguf_model;
+pub mod perplexity;
+pub mod prefix_cache;
 pub mod stats;
 pub mod template;
 pub mod tokenizer;
 
 pub use engine::{Engine, EngineOptions, Prompt};
-pub use generate::{FinishReason, GenerateParams, Generation};
+pub use generate::{DraftMode, FinishReason, GenerateParams, Generation};
+pub use prefix_cache::{PrefixCache, PrefixCacheConfig};

@@ -2,6 +2,8 @@
 //! architectures, written once against the CPU op set, with the DESIGN §4 state contract.
 
 pub mod config;
+pub mod gguf;
+pub mod gguf_source;
 pub mod loader;
 pub mod model;
 pub mod safetensors_dir;

@@ -47,6 +47,71 @@ pub struct Pending {
     pub active: bool,
 }
 
+/// The recurrent part of a state at one committed length: every Gated DeltaNet layer's
+/// recurrent state S and conv window, in layer order. A GDN state cannot be truncated, so a
+/// prefix of a sequence can only be resumed from a snapshot taken at exactly that length.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecurrentSnapshot {
+    len: usize,
+    /// Per GDN layer: S, then the conv window.
+    data: Vec<f32>,
+}
+
+impl RecurrentSnapshot {
+    /// The committed length the snapshot was taken at.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it was taken at length 0.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Heap bytes held.
+    pub fn size_bytes(&self) -> usize {
+        self.data.len() * std::mem::size_of::<f32>()
+    }
+}
+
+/// Committed attention K/V rows of a prefix, per attention layer ([rows, n_kv, hd] each), as
+/// copied out of a [`State`]. Attention K/V is prefix-shareable: the first n rows serve any
+/// sequence that starts with the same n tokens.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KvPrefix {
+    rows: usize,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
+impl KvPrefix {
+    /// Rows held.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Heap bytes held.
+    pub fn size_bytes(&self) -> usize {
+        let n: usize = self.k.iter().chain(&self.v).map(Vec::len).sum();
+        n * std::mem::size_of::<f32>()
+    }
+
+    /// Drops rows past `rows`.
+    pub fn truncate(&mut self, rows: usize) {
+        if rows >= self.rows {
+            return;
+        }
+        for (k, v) in self.k.iter_mut().zip(&mut self.v) {
+            let stride = k.len() / self.rows.max(1);
+            k.truncate(rows * stride);
+            v.truncate(rows * stride);
+            k.shrink_to_fit();
+            v.shrink_to_fit();
+        }
+        self.rows = rows;
+    }
+}
+
 pub struct State {
     pub(crate) committed: usize,
     pub(crate) capacity: usize,
@@ -133,6 +198,198 @@ impl State {
                 g.conv.fill(0.0);
             }
         }
+    }
+
+    /// Whether the model has recurrent (Gated DeltaNet) layers, whose state can only be
+    /// resumed from a [`RecurrentSnapshot`] taken at the exact length.
+    pub fn has_recurrent_layers(&self) -> bool {
+        self.layers.iter().any(|l| matches!(l, LayerState::Gdn(_)))
+    }
+
+    /// Floats one token takes in the attention caches (K and V of every attention layer).
+    pub fn kv_floats_per_token(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Attention(c) => 2 * c.k.len() / self.capacity.max(1),
+                LayerState::Gdn(_) => 0,
+            })
+            .sum()
+    }
+
+    /// Bytes a [`RecurrentSnapshot`] of this state takes.
+    pub fn recurrent_snapshot_bytes(&self) -> usize {
+        let n: usize = self
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Gdn(g) => g.s.len() + g.conv.len(),
+                LayerState::Attention(_) => 0,
+            })
+            .sum();
+        n * std::mem::size_of::<f32>()
+    }
+
+    /// Copies the committed recurrent and conv states (the pending suffix is ignored).
+    pub fn snapshot_recurrent(&self) -> RecurrentSnapshot {
+        let mut data = Vec::with_capacity(self.recurrent_snapshot_bytes() / 4);
+        for l in &self.layers {
+            if let LayerState::Gdn(g) = l {
+                data.extend_from_slice(&g.s);
+                data.extend_from_slice(&g.conv);
+            }
+        }
+        RecurrentSnapshot {
+            len: self.committed,
+            data,
+        }
+    }
+
+    /// Appends committed attention rows `kv.rows()..to` to `kv` (which must hold rows of this
+    /// state's committed tokens, or be empty). Panics if `to` exceeds the committed length.
+    pub fn append_kv(&self, kv: &mut KvPrefix, to: usize) {
+        assert!(
+            to <= self.committed,
+            "only committed rows can be copied ({to} > {})",
+            self.committed
+        );
+        let n_attn = self
+            .layers
+            .iter()
+            .filter(|l| matches!(l, LayerState::Attention(_)))
+            .count();
+        if kv.k.len() != n_attn {
+            assert_eq!(kv.rows, 0, "a K/V prefix from another model");
+            kv.k = vec![Vec::new(); n_attn];
+            kv.v = vec![Vec::new(); n_attn];
+        }
+        if to <= kv.rows {
+            return;
+        }
+        let from = kv.rows;
+        let caches = self.layers.iter().filter_map(|l| match l {
+            LayerState::Attention(c) => Some(c),
+            LayerState::Gdn(_) => None,
+        });
+        for ((c, k), v) in caches.zip(&mut kv.k).zip(&mut kv.v) {
+            let stride = c.k.len() / self.capacity;
+            // Exact sizes: callers account for the bytes held.
+            k.reserve_exact((to - from) * stride);
+            v.reserve_exact((to - from) * stride);
+            k.extend_from_slice(&c.k[from * stride..to * stride]);
+            v.extend_from_slice(&c.v[from * stride..to * stride]);
+        }
+        kv.rows = to;
+    }
+
+    /// Makes the committed sequence `tokens`, resuming instead of recomputing: attention rows
+    /// already committed for the same leading tokens are kept, the others are copied from
+    /// `kv` (whose first `tokens.len()` rows must belong to `tokens`), and a model with
+    /// recurrent layers takes `recurrent`, which must have been taken at exactly
+    /// `tokens.len()` (an empty `tokens` needs none: the state is reset). Nothing is pending
+    /// afterwards.
+    pub fn load_prefix(
+        &mut self,
+        tokens: &[u32],
+        kv: &KvPrefix,
+        recurrent: Option<&RecurrentSnapshot>,
+    ) -> anyhow::Result<()> {
+        let n = tokens.len();
+        if n == 0 {
+            self.reset();
+            return Ok(());
+        }
+        if n > self.capacity {
+            anyhow::bail!(
+                "a prefix of {n} tokens does not fit the context of {}",
+                self.capacity
+            );
+        }
+        let recurrent = if self.has_recurrent_layers() {
+            let r = recurrent.ok_or_else(|| {
+                anyhow::anyhow!("a model with recurrent layers resumes only from a snapshot")
+            })?;
+            if r.len != n {
+                anyhow::bail!(
+                    "the recurrent snapshot was taken at {} tokens, not {n}",
+                    r.len
+                );
+            }
+            if r.data.len() * 4 != self.recurrent_snapshot_bytes() {
+                anyhow::bail!("the recurrent snapshot belongs to another model");
+            }
+            Some(r)
+        } else {
+            None
+        };
+        let keep = self
+            .tokens
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(self.committed);
+        let n_attn = self
+            .layers
+            .iter()
+            .filter(|l| matches!(l, LayerState::Attention(_)))
+            .count();
+        if keep < n && n_attn > 0 && (kv.rows < n || kv.k.len() != n_attn) {
+            anyhow::bail!(
+                "the K/V prefix holds {} rows of {} layers; {n} rows of {n_attn} are needed",
+                kv.rows,
+                kv.k.len()
+            );
+        }
+        let capacity = self.capacity;
+        let mut ai = 0;
+        let mut off = 0;
+        for l in &mut self.layers {
+            match l {
+                LayerState::Attention(c) => {
+                    if keep < n {
+                        let stride = c.k.len() / capacity;
+                        c.k[keep * stride..n * stride]
+                            .copy_from_slice(&kv.k[ai][keep * stride..n * stride]);
+                        c.v[keep * stride..n * stride]
+                            .copy_from_slice(&kv.v[ai][keep * stride..n * stride]);
+                    }
+                    ai += 1;
+                }
+                LayerState::Gdn(g) => {
+                    let r = recurrent.expect("checked above");
+                    let (sl, cl) = (g.s.len(), g.conv.len());
+                    g.s.copy_from_slice(&r.data[off..off + sl]);
+                    g.conv.copy_from_slice(&r.data[off + sl..off + sl + cl]);
+                    off += sl + cl;
+                }
+            }
+        }
+        self.committed = n;
+        self.pending.active = false;
+        self.tokens.clear();
+        self.tokens.extend_from_slice(tokens);
+        Ok(())
+    }
+
+    /// Shortens the committed sequence to `n` tokens. Only attention state can be cut back,
+    /// so a model with recurrent layers refuses any `n` but 0 and the current length (use
+    /// [`load_prefix`](Self::load_prefix) with a snapshot instead).
+    pub fn truncate(&mut self, n: usize) -> anyhow::Result<()> {
+        if n > self.committed {
+            anyhow::bail!("cannot truncate {} committed tokens to {n}", self.committed);
+        }
+        if n == 0 {
+            self.reset();
+            return Ok(());
+        }
+        if n != self.committed && self.has_recurrent_layers() {
+            anyhow::bail!("recurrent (Gated DeltaNet) state cannot be truncated");
+        }
+        self.committed = n;
+        self.pending.active = false;
+        self.tokens.truncate(n);
+        Ok(())
     }
 
     pub fn layer(&self, i: usize) -> &LayerState {

@@ -18,7 +18,7 @@
 //!              9 array { element type: u32, count: u64, elements }, 10 u64, 11 i64, 12 f64
 //! ```
 //!
-//! `ne` is in ggml order (ne[0] = the contiguous dimension, i.e. columns); [`TensorInfo::shape`]
+//! `ne` is in ggml order (`ne[0]` = the contiguous dimension, i.e. columns); [`TensorInfo::shape`]
 //! is the PyTorch order (reversed): `[rows, cols]` for a matrix.
 //!
 //! Every size and count read from the file is checked against the bytes that remain before
@@ -132,10 +132,45 @@ impl fmt::Display for TensorType {
 /// ggml's name for a type id this reader does not accept (for error messages).
 fn ggml_type_name(id: u32) -> Option<&'static str> {
     const NAMES: [&str; 40] = [
-        "F32", "F16", "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K",
-        "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL",
-        "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16", "I32", "I64", "F64", "IQ1_M", "BF16", "Q4_0_4_4",
-        "Q4_0_4_8", "Q4_0_8_8", "TQ1_0", "TQ2_0", "IQ4_NL_4_4", "IQ4_NL_4_8", "IQ4_NL_8_8",
+        "F32",
+        "F16",
+        "Q4_0",
+        "Q4_1",
+        "Q4_2",
+        "Q4_3",
+        "Q5_0",
+        "Q5_1",
+        "Q8_0",
+        "Q8_1",
+        "Q2_K",
+        "Q3_K",
+        "Q4_K",
+        "Q5_K",
+        "Q6_K",
+        "Q8_K",
+        "IQ2_XXS",
+        "IQ2_XS",
+        "IQ3_XXS",
+        "IQ1_S",
+        "IQ4_NL",
+        "IQ3_S",
+        "IQ2_S",
+        "IQ4_XS",
+        "I8",
+        "I16",
+        "I32",
+        "I64",
+        "F64",
+        "IQ1_M",
+        "BF16",
+        "Q4_0_4_4",
+        "Q4_0_4_8",
+        "Q4_0_8_8",
+        "TQ1_0",
+        "TQ2_0",
+        "IQ4_NL_4_4",
+        "IQ4_NL_4_8",
+        "IQ4_NL_8_8",
         "MXFP4",
     ];
     NAMES.get(id as usize).copied()
@@ -292,7 +327,7 @@ pub struct TensorInfo {
 }
 
 impl TensorInfo {
-    /// ggml's `ne` (shape reversed; ne[0] is the contiguous dimension).
+    /// ggml's `ne` (shape reversed; `ne[0]` is the contiguous dimension).
     pub fn ne(&self) -> Vec<usize> {
         self.shape.iter().rev().copied().collect()
     }
@@ -309,31 +344,78 @@ impl TensorInfo {
 /// Why a GGUF file could not be read, or a metadata key not be used.
 #[derive(Debug)]
 pub enum GgufError {
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// The file ends inside `what`, which starts at byte `offset` and needs `needed` bytes.
-    Truncated { what: String, offset: usize, needed: u64, file_len: usize },
-    BadMagic { found: Vec<u8> },
+    Truncated {
+        what: String,
+        offset: usize,
+        needed: u64,
+        file_len: usize,
+    },
+    BadMagic {
+        found: Vec<u8>,
+    },
     UnsupportedVersion(u32),
-    UnknownValueType { what: String, id: u32 },
-    UnknownTensorType { tensor: String, id: u32 },
-    BadUtf8 { what: String, offset: usize },
-    TensorOutOfBounds { tensor: String, start: u128, end: u128, file_len: usize },
-    MisalignedOffset { tensor: String, offset: u64, alignment: usize },
-    BadAlignment { value: String },
-    BadTensorShape { tensor: String, reason: String },
+    UnknownValueType {
+        what: String,
+        id: u32,
+    },
+    UnknownTensorType {
+        tensor: String,
+        id: u32,
+    },
+    BadUtf8 {
+        what: String,
+        offset: usize,
+    },
+    TensorOutOfBounds {
+        tensor: String,
+        start: u128,
+        end: u128,
+        file_len: usize,
+    },
+    MisalignedOffset {
+        tensor: String,
+        offset: u64,
+        alignment: usize,
+    },
+    BadAlignment {
+        value: String,
+    },
+    BadTensorShape {
+        tensor: String,
+        reason: String,
+    },
     DuplicateKey(String),
     DuplicateTensor(String),
-    NestedTooDeep { what: String },
+    NestedTooDeep {
+        what: String,
+    },
     MissingKey(String),
-    WrongType { key: String, expected: &'static str, found: String },
-    OutOfRange { key: String, target: &'static str },
+    WrongType {
+        key: String,
+        expected: &'static str,
+        found: String,
+    },
+    OutOfRange {
+        key: String,
+        target: &'static str,
+    },
 }
 
 impl fmt::Display for GgufError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             GgufError::Io { path, source } => write!(f, "cannot read {}: {source}", path.display()),
-            GgufError::Truncated { what, offset, needed, file_len } => write!(
+            GgufError::Truncated {
+                what,
+                offset,
+                needed,
+                file_len,
+            } => write!(
                 f,
                 "GGUF file truncated: {what} at byte {offset} needs {needed} bytes, but the file \
                  ends at byte {file_len}"
@@ -364,17 +446,29 @@ impl fmt::Display for GgufError {
             GgufError::BadUtf8 { what, offset } => {
                 write!(f, "{what} at byte {offset} is not valid UTF-8")
             }
-            GgufError::TensorOutOfBounds { tensor, start, end, file_len } => write!(
+            GgufError::TensorOutOfBounds {
+                tensor,
+                start,
+                end,
+                file_len,
+            } => write!(
                 f,
                 "tensor '{tensor}' data [{start}, {end}) lies outside the file ({file_len} bytes)"
             ),
-            GgufError::MisalignedOffset { tensor, offset, alignment } => write!(
+            GgufError::MisalignedOffset {
+                tensor,
+                offset,
+                alignment,
+            } => write!(
                 f,
                 "tensor '{tensor}' data offset {offset} is not a multiple of the alignment \
                  {alignment}"
             ),
             GgufError::BadAlignment { value } => {
-                write!(f, "general.alignment must be a power of two that fits u32, got {value}")
+                write!(
+                    f,
+                    "general.alignment must be a power of two that fits u32, got {value}"
+                )
             }
             GgufError::BadTensorShape { tensor, reason } => {
                 write!(f, "tensor '{tensor}' has a bad shape: {reason}")
@@ -382,11 +476,22 @@ impl fmt::Display for GgufError {
             GgufError::DuplicateKey(k) => write!(f, "metadata key '{k}' appears twice"),
             GgufError::DuplicateTensor(t) => write!(f, "tensor '{t}' appears twice"),
             GgufError::NestedTooDeep { what } => {
-                write!(f, "{what}: arrays nested more than {} deep", parse::MAX_DEPTH)
+                write!(
+                    f,
+                    "{what}: arrays nested more than {} deep",
+                    parse::MAX_DEPTH
+                )
             }
             GgufError::MissingKey(k) => write!(f, "GGUF metadata key '{k}' is missing"),
-            GgufError::WrongType { key, expected, found } => {
-                write!(f, "GGUF metadata key '{key}' is {found}, expected {expected}")
+            GgufError::WrongType {
+                key,
+                expected,
+                found,
+            } => {
+                write!(
+                    f,
+                    "GGUF metadata key '{key}' is {found}, expected {expected}"
+                )
             }
             GgufError::OutOfRange { key, target } => {
                 write!(f, "GGUF metadata key '{key}' does not fit {target}")
@@ -445,7 +550,10 @@ impl GgufFile {
     /// Memory-map and parse `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
-        let io = |source| GgufError::Io { path: path.to_path_buf(), source };
+        let io = |source| GgufError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
         let file = std::fs::File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         let storage = if len == 0 {
@@ -472,9 +580,19 @@ impl GgufFile {
             version: p.version,
             alignment: p.alignment,
             data_offset: p.data_offset,
-            key_index: p.metadata.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect(),
+            key_index: p
+                .metadata
+                .iter()
+                .enumerate()
+                .map(|(i, (k, _))| (k.clone(), i))
+                .collect(),
             metadata: p.metadata,
-            tensor_index: p.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect(),
+            tensor_index: p
+                .tensors
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (t.name.clone(), i))
+                .collect(),
             tensors: p.tensors,
         })
     }
@@ -508,11 +626,16 @@ impl GgufFile {
     }
 
     fn need(&self, key: &str) -> Result<&GgufValue, GgufError> {
-        self.get(key).ok_or_else(|| GgufError::MissingKey(key.to_string()))
+        self.get(key)
+            .ok_or_else(|| GgufError::MissingKey(key.to_string()))
     }
 
     fn wrong(key: &str, expected: &'static str, v: &GgufValue) -> GgufError {
-        GgufError::WrongType { key: key.to_string(), expected, found: v.type_name() }
+        GgufError::WrongType {
+            key: key.to_string(),
+            expected,
+            found: v.type_name(),
+        }
     }
 
     pub fn get_str(&self, key: &str) -> Result<&str, GgufError> {
@@ -524,8 +647,13 @@ impl GgufFile {
 
     fn get_int<T: TryFrom<i128>>(&self, key: &str, target: &'static str) -> Result<T, GgufError> {
         let v = self.need(key)?;
-        let i = v.as_i128().ok_or_else(|| Self::wrong(key, "an integer", v))?;
-        T::try_from(i).map_err(|_| GgufError::OutOfRange { key: key.to_string(), target })
+        let i = v
+            .as_i128()
+            .ok_or_else(|| Self::wrong(key, "an integer", v))?;
+        T::try_from(i).map_err(|_| GgufError::OutOfRange {
+            key: key.to_string(),
+            target,
+        })
     }
 
     /// An integer of any width and signedness that fits u32.
@@ -548,7 +676,10 @@ impl GgufFile {
         match self.need(key)? {
             GgufValue::F32(x) => Ok(*x),
             GgufValue::F64(x) => Ok(*x as f32),
-            v => v.as_i128().map(|i| i as f32).ok_or_else(|| Self::wrong(key, "a number", v)),
+            v => v
+                .as_i128()
+                .map(|i| i as f32)
+                .ok_or_else(|| Self::wrong(key, "a number", v)),
         }
     }
 
@@ -583,12 +714,17 @@ impl GgufFile {
         if let GgufArray::I32(x) = a {
             return Ok(Cow::Borrowed(x));
         }
-        let ints = a.ints().ok_or_else(|| Self::wrong(key, "an array of integers", v))?;
+        let ints = a
+            .ints()
+            .ok_or_else(|| Self::wrong(key, "an array of integers", v))?;
         ints.into_iter()
-            .map(|i| i32::try_from(i))
+            .map(i32::try_from)
             .collect::<Result<Vec<_>, _>>()
             .map(Cow::Owned)
-            .map_err(|_| GgufError::OutOfRange { key: key.to_string(), target: "i32" })
+            .map_err(|_| GgufError::OutOfRange {
+                key: key.to_string(),
+                target: "i32",
+            })
     }
 
     /// An array of f32 (borrowed), f64 (rounded) or integers (converted).
@@ -596,7 +732,9 @@ impl GgufFile {
         let v = self.need(key)?;
         match v {
             GgufValue::Array(GgufArray::F32(x)) => Ok(Cow::Borrowed(x)),
-            GgufValue::Array(GgufArray::F64(x)) => Ok(Cow::Owned(x.iter().map(|&f| f as f32).collect())),
+            GgufValue::Array(GgufArray::F64(x)) => {
+                Ok(Cow::Owned(x.iter().map(|&f| f as f32).collect()))
+            }
             GgufValue::Array(a) => a
                 .ints()
                 .map(|v| Cow::Owned(v.into_iter().map(|i| i as f32).collect()))
@@ -625,7 +763,10 @@ impl GgufFile {
     pub fn tensor_bytes(&self, info: &TensorInfo) -> &[u8] {
         match self.bytes().get(info.range.clone()) {
             Some(b) => b,
-            None => panic!("tensor_bytes: '{}' is not a tensor of this GGUF file", info.name),
+            None => panic!(
+                "tensor_bytes: '{}' is not a tensor of this GGUF file",
+                info.name
+            ),
         }
     }
 }

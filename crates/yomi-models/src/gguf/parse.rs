@@ -4,9 +4,7 @@
 use std::collections::HashSet;
 use std::fmt;
 
-use super::{
-    DEFAULT_ALIGNMENT, GgufArray, GgufError, GgufValue, TensorInfo, TensorType,
-};
+use super::{DEFAULT_ALIGNMENT, GgufArray, GgufError, GgufValue, TensorInfo, TensorType};
 
 /// Deepest array nesting accepted (arrays of arrays of …).
 pub(super) const MAX_DEPTH: usize = 8;
@@ -60,7 +58,12 @@ impl<'a> Cursor<'a> {
     }
 
     fn truncated(&self, what: String, needed: u64) -> GgufError {
-        GgufError::Truncated { what, offset: self.pos, needed, file_len: self.b.len() }
+        GgufError::Truncated {
+            what,
+            offset: self.pos,
+            needed,
+            file_len: self.b.len(),
+        }
     }
 
     fn take(&mut self, n: u64, place: Place<'_>) -> Result<&'a [u8], GgufError> {
@@ -79,7 +82,9 @@ impl<'a> Cursor<'a> {
 
     fn u64(&mut self, place: Place<'_>) -> Result<u64, GgufError> {
         let s = self.take(8, place)?;
-        Ok(u64::from_le_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]))
+        Ok(u64::from_le_bytes([
+            s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7],
+        ]))
     }
 
     fn string(&mut self, place: Place<'_>) -> Result<String, GgufError> {
@@ -88,7 +93,10 @@ impl<'a> Cursor<'a> {
         let s = self.take(n, place)?;
         match std::str::from_utf8(s) {
             Ok(s) => Ok(s.to_owned()),
-            Err(_) => Err(GgufError::BadUtf8 { what: place.to_string(), offset: start }),
+            Err(_) => Err(GgufError::BadUtf8 {
+                what: place.to_string(),
+                offset: start,
+            }),
         }
     }
 }
@@ -132,13 +140,20 @@ fn value(c: &mut Cursor<'_>, ty: u32, key: &str, depth: usize) -> Result<GgufVal
         10 => GgufValue::U64(c.u64(p)?),
         11 => GgufValue::I64(c.u64(p)? as i64),
         12 => GgufValue::F64(f64::from_bits(c.u64(p)?)),
-        id => return Err(GgufError::UnknownValueType { what: format!("metadata key '{key}'"), id }),
+        id => {
+            return Err(GgufError::UnknownValueType {
+                what: format!("metadata key '{key}'"),
+                id,
+            });
+        }
     })
 }
 
 fn array(c: &mut Cursor<'_>, key: &str, depth: usize) -> Result<GgufArray, GgufError> {
     if depth >= MAX_DEPTH {
-        return Err(GgufError::NestedTooDeep { what: format!("metadata key '{key}'") });
+        return Err(GgufError::NestedTooDeep {
+            what: format!("metadata key '{key}'"),
+        });
     }
     let et = c.u32(Place::ArrayHeader(key))?;
     let n = c.u64(Place::ArrayHeader(key))?;
@@ -149,7 +164,7 @@ fn array(c: &mut Cursor<'_>, key: &str, depth: usize) -> Result<GgufArray, GgufE
         });
     };
     // Check the count against the bytes left before allocating anything for it.
-    let need = n.checked_mul(min).unwrap_or(u64::MAX);
+    let need = n.saturating_mul(min);
     if need > c.remaining() as u64 {
         return Err(c.truncated(format!("metadata array '{key}' ({n} elements)"), need));
     }
@@ -158,15 +173,55 @@ fn array(c: &mut Cursor<'_>, key: &str, depth: usize) -> Result<GgufArray, GgufE
     Ok(match et {
         0 => GgufArray::U8(c.take(n, p)?.to_vec()),
         1 => GgufArray::I8(c.take(n, p)?.iter().map(|&b| b as i8).collect()),
-        2 => GgufArray::U16(c.take(2 * n, p)?.chunks_exact(2).map(|s| u16::from_le_bytes(le16(s))).collect()),
-        3 => GgufArray::I16(c.take(2 * n, p)?.chunks_exact(2).map(|s| i16::from_le_bytes(le16(s))).collect()),
-        4 => GgufArray::U32(c.take(4 * n, p)?.chunks_exact(4).map(|s| u32::from_le_bytes(le32(s))).collect()),
-        5 => GgufArray::I32(c.take(4 * n, p)?.chunks_exact(4).map(|s| i32::from_le_bytes(le32(s))).collect()),
-        6 => GgufArray::F32(c.take(4 * n, p)?.chunks_exact(4).map(|s| f32::from_le_bytes(le32(s))).collect()),
+        2 => GgufArray::U16(
+            c.take(2 * n, p)?
+                .chunks_exact(2)
+                .map(|s| u16::from_le_bytes(le16(s)))
+                .collect(),
+        ),
+        3 => GgufArray::I16(
+            c.take(2 * n, p)?
+                .chunks_exact(2)
+                .map(|s| i16::from_le_bytes(le16(s)))
+                .collect(),
+        ),
+        4 => GgufArray::U32(
+            c.take(4 * n, p)?
+                .chunks_exact(4)
+                .map(|s| u32::from_le_bytes(le32(s)))
+                .collect(),
+        ),
+        5 => GgufArray::I32(
+            c.take(4 * n, p)?
+                .chunks_exact(4)
+                .map(|s| i32::from_le_bytes(le32(s)))
+                .collect(),
+        ),
+        6 => GgufArray::F32(
+            c.take(4 * n, p)?
+                .chunks_exact(4)
+                .map(|s| f32::from_le_bytes(le32(s)))
+                .collect(),
+        ),
         7 => GgufArray::Bool(c.take(n, p)?.iter().map(|&b| b != 0).collect()),
-        10 => GgufArray::U64(c.take(8 * n, p)?.chunks_exact(8).map(|s| u64::from_le_bytes(le64(s))).collect()),
-        11 => GgufArray::I64(c.take(8 * n, p)?.chunks_exact(8).map(|s| i64::from_le_bytes(le64(s))).collect()),
-        12 => GgufArray::F64(c.take(8 * n, p)?.chunks_exact(8).map(|s| f64::from_le_bytes(le64(s))).collect()),
+        10 => GgufArray::U64(
+            c.take(8 * n, p)?
+                .chunks_exact(8)
+                .map(|s| u64::from_le_bytes(le64(s)))
+                .collect(),
+        ),
+        11 => GgufArray::I64(
+            c.take(8 * n, p)?
+                .chunks_exact(8)
+                .map(|s| i64::from_le_bytes(le64(s)))
+                .collect(),
+        ),
+        12 => GgufArray::F64(
+            c.take(8 * n, p)?
+                .chunks_exact(8)
+                .map(|s| f64::from_le_bytes(le64(s)))
+                .collect(),
+        ),
         8 => {
             let mut v = Vec::with_capacity(n_us);
             for i in 0..n {
@@ -188,7 +243,9 @@ fn array(c: &mut Cursor<'_>, key: &str, depth: usize) -> Result<GgufArray, GgufE
 fn alignment_of(v: &GgufValue) -> Result<usize, GgufError> {
     match v.as_i128() {
         Some(a) if a > 0 && a <= u32::MAX as i128 && (a as u64).is_power_of_two() => Ok(a as usize),
-        _ => Err(GgufError::BadAlignment { value: format!("{v:?}") }),
+        _ => Err(GgufError::BadAlignment {
+            value: format!("{v:?}"),
+        }),
     }
 }
 
@@ -196,7 +253,9 @@ pub(super) fn parse(b: &[u8]) -> Result<Parsed, GgufError> {
     let mut c = Cursor { b, pos: 0 };
     let magic = c.take(4, Place::Header("magic"))?;
     if magic != b"GGUF" {
-        return Err(GgufError::BadMagic { found: magic.to_vec() });
+        return Err(GgufError::BadMagic {
+            found: magic.to_vec(),
+        });
     }
     let version = c.u32(Place::Header("version"))?;
     if !matches!(version, 2 | 3) {
@@ -205,7 +264,9 @@ pub(super) fn parse(b: &[u8]) -> Result<Parsed, GgufError> {
     let n_tensors = c.u64(Place::Header("tensor_count"))?;
     let n_kv = c.u64(Place::Header("metadata_kv_count"))?;
     // A kv takes ≥ 13 bytes (key length, value type, a 1-byte value), a tensor info ≥ 24.
-    let need = n_kv.saturating_mul(13).saturating_add(n_tensors.saturating_mul(24));
+    let need = n_kv
+        .saturating_mul(13)
+        .saturating_add(n_tensors.saturating_mul(24));
     if need > c.remaining() as u64 {
         return Err(c.truncated(
             format!("{n_kv} metadata entries and {n_tensors} tensor infos"),
@@ -254,7 +315,10 @@ pub(super) fn parse(b: &[u8]) -> Result<Parsed, GgufError> {
         let ty_id = c.u32(Place::TensorField(&name, "type"))?;
         let offset = c.u64(Place::TensorField(&name, "offset"))?;
         let Some(ty) = TensorType::from_id(ty_id) else {
-            return Err(GgufError::UnknownTensorType { tensor: name, id: ty_id });
+            return Err(GgufError::UnknownTensorType {
+                tensor: name,
+                id: ty_id,
+            });
         };
         let bs = ty.block_size() as u64;
         let ne0 = ne.first().copied().unwrap_or(1);
@@ -267,19 +331,31 @@ pub(super) fn parse(b: &[u8]) -> Result<Parsed, GgufError> {
         // Product of ≤ 4 u64 dimensions, in checked u128.
         let mut n_el: u128 = 1;
         for &d in &ne {
-            n_el = n_el.checked_mul(d as u128).ok_or_else(|| GgufError::BadTensorShape {
-                tensor: name.clone(),
-                reason: format!("element count of {ne:?} overflows"),
-            })?;
+            n_el = n_el
+                .checked_mul(d as u128)
+                .ok_or_else(|| GgufError::BadTensorShape {
+                    tensor: name.clone(),
+                    reason: format!("element count of {ne:?} overflows"),
+                })?;
         }
         let n_bytes = n_el / bs as u128 * ty.type_size() as u128;
         if offset % alignment as u64 != 0 {
-            return Err(GgufError::MisalignedOffset { tensor: name, offset, alignment });
+            return Err(GgufError::MisalignedOffset {
+                tensor: name,
+                offset,
+                alignment,
+            });
         }
         if !names.insert(name.clone()) {
             return Err(GgufError::DuplicateTensor(name));
         }
-        raw.push(Raw { name, ne, ty, offset, n_bytes });
+        raw.push(Raw {
+            name,
+            ne,
+            ty,
+            offset,
+            n_bytes,
+        });
     }
 
     let data_offset = c.pos.div_ceil(alignment) * alignment;
@@ -289,7 +365,12 @@ pub(super) fn parse(b: &[u8]) -> Result<Parsed, GgufError> {
         let start = data_offset as u128 + r.offset as u128;
         let end = start + r.n_bytes;
         if end > file_len as u128 {
-            return Err(GgufError::TensorOutOfBounds { tensor: r.name, start, end, file_len });
+            return Err(GgufError::TensorOutOfBounds {
+                tensor: r.name,
+                start,
+                end,
+                file_len,
+            });
         }
         let mut shape = Vec::with_capacity(r.ne.len());
         for &d in r.ne.iter().rev() {
@@ -311,5 +392,11 @@ pub(super) fn parse(b: &[u8]) -> Result<Parsed, GgufError> {
             range: start as usize..end as usize,
         });
     }
-    Ok(Parsed { version, alignment, data_offset, metadata, tensors })
+    Ok(Parsed {
+        version,
+        alignment,
+        data_offset,
+        metadata,
+        tensors,
+    })
 }

@@ -100,7 +100,9 @@ fn spec(name: &str, ne: &[u64], ty: TensorType, seed: u8) -> Spec {
         name: name.to_string(),
         ne: ne.to_vec(),
         type_id: ty.id(),
-        data: (0..bytes).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect(),
+        data: (0..bytes)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect(),
         offset: None,
     }
 }
@@ -156,19 +158,35 @@ fn sample_kvs() -> Vec<(&'static str, GgufValue)> {
         ("llama.attention.head_count", GgufValue::U16(4)),
         ("llama.attention.head_count_kv", GgufValue::U8(2)),
         ("llama.rope.freq_base", GgufValue::F32(100000.0)),
-        ("llama.attention.layer_norm_rms_epsilon", GgufValue::F64(1e-5)),
+        (
+            "llama.attention.layer_norm_rms_epsilon",
+            GgufValue::F64(1e-5),
+        ),
         ("small.signed", GgufValue::I8(-3)),
         ("small.i16", GgufValue::I16(-300)),
         ("big.i64", GgufValue::I64(-5_000_000_000)),
         ("tokenizer.ggml.add_bos_token", GgufValue::Bool(true)),
         (
             "tokenizer.ggml.tokens",
-            GgufValue::Array(GgufArray::String(vec!["<s>".into(), "hé".into(), "".into()])),
+            GgufValue::Array(GgufArray::String(vec![
+                "<s>".into(),
+                "hé".into(),
+                "".into(),
+            ])),
         ),
-        ("tokenizer.ggml.token_type", GgufValue::Array(GgufArray::I32(vec![3, 1, -1]))),
-        ("tokenizer.ggml.scores", GgufValue::Array(GgufArray::F32(vec![0.0, -1.5, 2.25]))),
+        (
+            "tokenizer.ggml.token_type",
+            GgufValue::Array(GgufArray::I32(vec![3, 1, -1])),
+        ),
+        (
+            "tokenizer.ggml.scores",
+            GgufValue::Array(GgufArray::F32(vec![0.0, -1.5, 2.25])),
+        ),
         ("u8.array", GgufValue::Array(GgufArray::U8(vec![1, 2, 255]))),
-        ("u64.array", GgufValue::Array(GgufArray::U64(vec![1, u64::MAX]))),
+        (
+            "u64.array",
+            GgufValue::Array(GgufArray::U64(vec![1, u64::MAX])),
+        ),
         (
             "nested",
             GgufValue::Array(GgufArray::Array(vec![
@@ -220,26 +238,72 @@ fn round_trip_metadata_and_tensors() {
         assert_eq!(g.get_u32("llama.attention.head_count_kv").expect("u8"), 2);
         assert_eq!(g.get_i64("big.i64").expect("i64"), -5_000_000_000);
         assert_eq!(g.get_f32("llama.rope.freq_base").expect("f32"), 100000.0);
-        assert_eq!(g.get_f32("llama.attention.layer_norm_rms_epsilon").expect("f64"), 1e-5);
+        assert_eq!(
+            g.get_f32("llama.attention.layer_norm_rms_epsilon")
+                .expect("f64"),
+            1e-5
+        );
         assert_eq!(g.get_f32("llama.block_count").expect("int → f32"), 2.0);
         assert!(g.get_bool("tokenizer.ggml.add_bos_token").expect("bool"));
-        assert_eq!(g.get_str_array("tokenizer.ggml.tokens").expect("strs"), ["<s>", "hé", ""]);
-        assert_eq!(&*g.get_i32_array("tokenizer.ggml.token_type").expect("i32s"), &[3, 1, -1]);
-        assert!(matches!(g.get_i32_array("tokenizer.ggml.token_type"), Ok(Cow::Borrowed(_))));
-        assert_eq!(&*g.get_i32_array("u8.array").expect("u8 → i32"), &[1, 2, 255]);
-        assert_eq!(&*g.get_f32_array("tokenizer.ggml.scores").expect("f32s"), &[0.0, -1.5, 2.25]);
-        assert_eq!(&*g.get_f32_array("u8.array").expect("ints → f32"), &[1.0, 2.0, 255.0]);
+        assert_eq!(
+            g.get_str_array("tokenizer.ggml.tokens").expect("strs"),
+            ["<s>", "hé", ""]
+        );
+        assert_eq!(
+            &*g.get_i32_array("tokenizer.ggml.token_type").expect("i32s"),
+            &[3, 1, -1]
+        );
+        assert!(matches!(
+            g.get_i32_array("tokenizer.ggml.token_type"),
+            Ok(Cow::Borrowed(_))
+        ));
+        assert_eq!(
+            &*g.get_i32_array("u8.array").expect("u8 → i32"),
+            &[1, 2, 255]
+        );
+        assert_eq!(
+            &*g.get_f32_array("tokenizer.ggml.scores").expect("f32s"),
+            &[0.0, -1.5, 2.25]
+        );
+        assert_eq!(
+            &*g.get_f32_array("u8.array").expect("ints → f32"),
+            &[1.0, 2.0, 255.0]
+        );
         assert_eq!(g.get_array("nested").expect("nested").len(), 2);
         assert!(g.get_array("empty.array").expect("empty").is_empty());
         // Typed accessor errors.
-        assert!(matches!(g.get_u32("small.signed"), Err(GgufError::OutOfRange { .. })));
-        assert!(matches!(g.get_u32("big.i64"), Err(GgufError::OutOfRange { .. })));
-        assert!(matches!(g.get_i32_array("u64.array"), Err(GgufError::OutOfRange { .. })));
-        assert!(matches!(g.get_u32("general.name"), Err(GgufError::WrongType { .. })));
-        assert!(matches!(g.get_str("llama.block_count"), Err(GgufError::WrongType { .. })));
-        assert!(matches!(g.get_str_array("u8.array"), Err(GgufError::WrongType { .. })));
-        assert!(matches!(g.get_f32_array("tokenizer.ggml.tokens"), Err(GgufError::WrongType { .. })));
-        assert!(matches!(g.get_str("no.such.key"), Err(GgufError::MissingKey(_))));
+        assert!(matches!(
+            g.get_u32("small.signed"),
+            Err(GgufError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            g.get_u32("big.i64"),
+            Err(GgufError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            g.get_i32_array("u64.array"),
+            Err(GgufError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            g.get_u32("general.name"),
+            Err(GgufError::WrongType { .. })
+        ));
+        assert!(matches!(
+            g.get_str("llama.block_count"),
+            Err(GgufError::WrongType { .. })
+        ));
+        assert!(matches!(
+            g.get_str_array("u8.array"),
+            Err(GgufError::WrongType { .. })
+        ));
+        assert!(matches!(
+            g.get_f32_array("tokenizer.ggml.tokens"),
+            Err(GgufError::WrongType { .. })
+        ));
+        assert!(matches!(
+            g.get_str("no.such.key"),
+            Err(GgufError::MissingKey(_))
+        ));
         let e = g.get_u32("general.name").unwrap_err().to_string();
         assert!(e.contains("general.name") && e.contains("string"), "{e}");
 
@@ -257,7 +321,10 @@ fn round_trip_metadata_and_tensors() {
             assert_eq!(g.tensor(&t.name), Some(t));
         }
         let emb = g.tensor("token_embd.weight").expect("embedding");
-        assert_eq!((emb.shape.as_slice(), emb.n_elements(), emb.n_bytes()), (&[3usize, 64][..], 192, 6 * 34));
+        assert_eq!(
+            (emb.shape.as_slice(), emb.n_elements(), emb.n_bytes()),
+            (&[3usize, 64][..], 192, 6 * 34)
+        );
         assert!(g.tensor("missing").is_none());
     }
 }
@@ -273,7 +340,12 @@ fn custom_alignment() {
         assert_eq!(t.offset % 64, 0);
         assert_eq!(g.tensor_bytes(t), &s.data[..]);
     }
-    for bad in [GgufValue::U32(0), GgufValue::U32(48), GgufValue::I32(-32), GgufValue::String("x".into())] {
+    for bad in [
+        GgufValue::U32(0),
+        GgufValue::U32(48),
+        GgufValue::I32(-32),
+        GgufValue::String("x".into()),
+    ] {
         let mut kvs = sample_kvs();
         kvs.push(("general.alignment", bad));
         let e = GgufFile::from_bytes(build(3, &kvs, &sample_tensors(), 64)).unwrap_err();
@@ -299,7 +371,10 @@ fn every_truncation_is_an_error() {
     );
     // Cut inside the data: the last tensor is out of bounds.
     let e = GgufFile::from_bytes(full[..full.len() - 1].to_vec()).unwrap_err();
-    assert!(matches!(&e, GgufError::TensorOutOfBounds { tensor, .. } if tensor == "output.weight"), "{e}");
+    assert!(
+        matches!(&e, GgufError::TensorOutOfBounds { tensor, .. } if tensor == "output.weight"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -313,7 +388,10 @@ fn bad_magic_and_version() {
         let mut f = sample_file(3);
         f[4..8].copy_from_slice(&v.to_le_bytes());
         let e = GgufFile::from_bytes(f).unwrap_err();
-        assert!(matches!(e, GgufError::UnsupportedVersion(x) if x == v), "{e}");
+        assert!(
+            matches!(e, GgufError::UnsupportedVersion(x) if x == v),
+            "{e}"
+        );
     }
     let e = GgufFile::from_bytes({
         let mut f = sample_file(3);
@@ -326,7 +404,11 @@ fn bad_magic_and_version() {
 
 #[test]
 fn unknown_tensor_type_names_the_tensor() {
-    for (id, what) in [(6u32, "Q5_0"), (10, "Q2_K"), (200, "unknown ggml type id 200")] {
+    for (id, what) in [
+        (6u32, "Q5_0"),
+        (10, "Q2_K"),
+        (200, "unknown ggml type id 200"),
+    ] {
         let mut t = sample_tensors();
         t[2].type_id = id;
         // Give it bytes so that only the type is wrong.
@@ -336,7 +418,10 @@ fn unknown_tensor_type_names_the_tensor() {
             "{e}"
         );
         let msg = e.to_string();
-        assert!(msg.contains("blk.0.ffn_down.weight") && msg.contains(what), "{msg}");
+        assert!(
+            msg.contains("blk.0.ffn_down.weight") && msg.contains(what),
+            "{msg}"
+        );
     }
 }
 
@@ -354,13 +439,19 @@ fn misaligned_and_out_of_bounds_offsets() {
     far[0].offset = Some(1 << 40);
     far[0].data.clear();
     let e = GgufFile::from_bytes(build(3, &sample_kvs(), &far, 32)).unwrap_err();
-    assert!(matches!(&e, GgufError::TensorOutOfBounds { tensor, .. } if tensor == "far"), "{e}");
+    assert!(
+        matches!(&e, GgufError::TensorOutOfBounds { tensor, .. } if tensor == "far"),
+        "{e}"
+    );
     assert!(e.to_string().contains("outside the file"), "{e}");
     // ne[0] not whole blocks.
     let mut t = vec![spec("odd", &[64], TensorType::Q8_0, 0)];
     t[0].ne = vec![48];
     let e = GgufFile::from_bytes(build(3, &[], &t, 32)).unwrap_err();
-    assert!(matches!(&e, GgufError::BadTensorShape { tensor, .. } if tensor == "odd"), "{e}");
+    assert!(
+        matches!(&e, GgufError::BadTensorShape { tensor, .. } if tensor == "odd"),
+        "{e}"
+    );
     // Too many dimensions, and an element count that overflows.
     let mut t = vec![spec("five", &[1, 1, 1, 1, 1], TensorType::F32, 0)];
     let e = GgufFile::from_bytes(build(3, &[], &t, 32)).unwrap_err();
@@ -377,46 +468,86 @@ fn bad_utf8_duplicates_and_absurd_counts() {
     let at = 24 + 8 + 1 + 4 + 8; // header, key length, "k", value type, string length
     f[at] = 0xff;
     let e = GgufFile::from_bytes(f).unwrap_err();
-    assert!(matches!(&e, GgufError::BadUtf8 { offset, .. } if *offset == at), "{e}");
+    assert!(
+        matches!(&e, GgufError::BadUtf8 { offset, .. } if *offset == at),
+        "{e}"
+    );
     assert!(e.to_string().contains("metadata key 'k'"), "{e}");
     // … and in a key, and in an array element.
     let mut f = build(3, &[("kéy", GgufValue::U8(1))], &[], 32);
     f[24 + 8 + 2] = 0x28; // "é" = C3 A9 → C3 28: a lead byte without its continuation
-    assert!(matches!(GgufFile::from_bytes(f), Err(GgufError::BadUtf8 { .. })));
-    let mut f = build(3, &[("t", GgufValue::Array(GgufArray::String(vec!["ok".into(), "zz".into()])))], &[], 32);
+    assert!(matches!(
+        GgufFile::from_bytes(f),
+        Err(GgufError::BadUtf8 { .. })
+    ));
+    let mut f = build(
+        3,
+        &[(
+            "t",
+            GgufValue::Array(GgufArray::String(vec!["ok".into(), "zz".into()])),
+        )],
+        &[],
+        32,
+    );
     // header, key "t", value type, element type, count, "ok" (8 + 2), length of "zz", 'z'
     f[24 + 9 + 4 + 4 + 8 + 10 + 8 + 1] = 0x80;
     let e = GgufFile::from_bytes(f).unwrap_err();
-    assert!(e.to_string().contains("element 1 of metadata array 't'"), "{e}");
+    assert!(
+        e.to_string().contains("element 1 of metadata array 't'"),
+        "{e}"
+    );
 
-    let e = GgufFile::from_bytes(build(3, &[("a", GgufValue::U8(1)), ("a", GgufValue::U8(2))], &[], 32))
-        .unwrap_err();
+    let e = GgufFile::from_bytes(build(
+        3,
+        &[("a", GgufValue::U8(1)), ("a", GgufValue::U8(2))],
+        &[],
+        32,
+    ))
+    .unwrap_err();
     assert!(matches!(e, GgufError::DuplicateKey(k) if k == "a"));
-    let t = vec![spec("x", &[4], TensorType::F32, 0), spec("x", &[4], TensorType::F32, 0)];
+    let t = vec![
+        spec("x", &[4], TensorType::F32, 0),
+        spec("x", &[4], TensorType::F32, 0),
+    ];
     let e = GgufFile::from_bytes(build(3, &[], &t, 32)).unwrap_err();
     assert!(matches!(e, GgufError::DuplicateTensor(k) if k == "x"));
 
     // Absurd counts: rejected before allocating.
     let mut f = build(3, &[], &[], 32);
     f[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
-    assert!(matches!(GgufFile::from_bytes(f), Err(GgufError::Truncated { .. })));
-    let mut f = build(3, &[("arr", GgufValue::Array(GgufArray::U64(vec![1, 2])))], &[], 32);
+    assert!(matches!(
+        GgufFile::from_bytes(f),
+        Err(GgufError::Truncated { .. })
+    ));
+    let mut f = build(
+        3,
+        &[("arr", GgufValue::Array(GgufArray::U64(vec![1, 2])))],
+        &[],
+        32,
+    );
     let count_at = 24 + 8 + 3 + 4 + 4;
     f[count_at..count_at + 8].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
     let e = GgufFile::from_bytes(f).unwrap_err();
     assert!(matches!(e, GgufError::Truncated { .. }), "{e}");
     let mut f = build(3, &[("s", GgufValue::String("abc".into()))], &[], 32);
     f[24 + 8 + 1 + 4..24 + 8 + 1 + 4 + 8].copy_from_slice(&u64::MAX.to_le_bytes());
-    assert!(matches!(GgufFile::from_bytes(f), Err(GgufError::Truncated { .. })));
+    assert!(matches!(
+        GgufFile::from_bytes(f),
+        Err(GgufError::Truncated { .. })
+    ));
     // Unknown value type, and arrays nested too deep.
     let mut f = build(3, &[("v", GgufValue::U8(1))], &[], 32);
     f[24 + 8 + 1..24 + 8 + 1 + 4].copy_from_slice(&13u32.to_le_bytes());
-    assert!(matches!(GgufFile::from_bytes(f), Err(GgufError::UnknownValueType { id: 13, .. })));
+    assert!(matches!(
+        GgufFile::from_bytes(f),
+        Err(GgufError::UnknownValueType { id: 13, .. })
+    ));
     let mut deep = GgufArray::U8(vec![1]);
     for _ in 0..20 {
         deep = GgufArray::Array(vec![deep]);
     }
-    let e = GgufFile::from_bytes(build(3, &[("deep", GgufValue::Array(deep))], &[], 32)).unwrap_err();
+    let e =
+        GgufFile::from_bytes(build(3, &[("deep", GgufValue::Array(deep))], &[], 32)).unwrap_err();
     assert!(matches!(e, GgufError::NestedTooDeep { .. }), "{e}");
 }
 
@@ -433,9 +564,15 @@ fn open_through_the_file_system() {
     assert_eq!(g.tensor_bytes(t), &sample_tensors()[2].data[..]);
     let empty = dir.join("empty.gguf");
     std::fs::write(&empty, b"").expect("write");
-    assert!(matches!(GgufFile::open(&empty), Err(GgufError::Truncated { .. })));
+    assert!(matches!(
+        GgufFile::open(&empty),
+        Err(GgufError::Truncated { .. })
+    ));
     let e = GgufFile::open(dir.join("missing.gguf")).unwrap_err();
-    assert!(matches!(e, GgufError::Io { .. }) && e.to_string().contains("missing.gguf"), "{e}");
+    assert!(
+        matches!(e, GgufError::Io { .. }) && e.to_string().contains("missing.gguf"),
+        "{e}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -465,11 +602,18 @@ fn real_file_summary() {
         panic!("set YOMI_GGUF to the path of a .gguf file");
     };
     let g = GgufFile::open(&path).expect("open");
-    println!("version {}, alignment {}, data at {}", g.version(), g.alignment(), g.data_offset());
+    println!(
+        "version {}, alignment {}, data at {}",
+        g.version(),
+        g.alignment(),
+        g.data_offset()
+    );
     println!("architecture: {}", g.architecture().expect("architecture"));
     for (k, v) in g.metadata() {
         match v {
-            GgufValue::Array(a) => println!("  {k}: array[{}] × {}", a.element_type_name(), a.len()),
+            GgufValue::Array(a) => {
+                println!("  {k}: array[{}] × {}", a.element_type_name(), a.len())
+            }
             GgufValue::String(s) if s.len() > 80 => println!("  {k}: string ({} bytes)", s.len()),
             v => println!("  {k}: {v:?}"),
         }
@@ -480,6 +624,12 @@ fn real_file_summary() {
     }
     println!("{} tensors; types: {types:?}", g.tensors().len());
     for t in g.tensors().iter().take(12) {
-        println!("  {} {:?} {} ({} bytes)", t.name, t.shape, t.ty, t.n_bytes());
+        println!(
+            "  {} {:?} {} ({} bytes)",
+            t.name,
+            t.shape,
+            t.ty,
+            t.n_bytes()
+        );
     }
 }

@@ -131,6 +131,39 @@ impl Model {
         })
     }
 
+    /// Every weight matrix, mutably (for format conversions).
+    pub fn matrices_mut(&mut self) -> Vec<&mut Matrix> {
+        let mut v: Vec<&mut Matrix> = vec![&mut self.embed];
+        if let Some(h) = self.lm_head.as_mut() {
+            v.push(h);
+        }
+        for l in &mut self.layers {
+            match &mut l.mixer {
+                Mixer::Attention(a) => v.extend([&mut a.q, &mut a.k, &mut a.v, &mut a.o]),
+                Mixer::Gdn(g) => v.extend([&mut g.qkv, &mut g.z, &mut g.b, &mut g.a, &mut g.out]),
+            }
+            v.extend([&mut l.mlp.gate, &mut l.mlp.up, &mut l.mlp.down]);
+        }
+        v
+    }
+
+    /// Converts every weight to f32 (the reference path for quantized models: the same
+    /// dequantized values, multiplied in f32 instead of through int8 activations).
+    pub fn dequantize_to_f32(&mut self) {
+        for m in self.matrices_mut() {
+            if matches!(m.data, yomi_cpu::WeightData::F32(_)) {
+                continue;
+            }
+            let (rows, cols) = (m.rows, m.cols);
+            let mut out = vec![0.0f32; rows * cols];
+            let mut buf = vec![0.0f32; cols];
+            for r in 0..rows {
+                out[r * cols..(r + 1) * cols].copy_from_slice(m.row_f32(r, &mut buf));
+            }
+            *m = Matrix::new(rows, cols, yomi_cpu::WeightData::F32(out));
+        }
+    }
+
     /// Bytes of weights held in memory.
     pub fn weight_bytes(&self) -> usize {
         let mut n = self.embed.size_bytes() + self.lm_head.as_ref().map_or(0, |m| m.size_bytes());

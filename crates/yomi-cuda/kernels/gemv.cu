@@ -1,0 +1,258 @@
+// Dense linear over T ≤ 32 rows (batch-one decode and tree verify), one weight read for all rows:
+//
+//   out[t, o] = Σ_i x[t, i] · W[o, i]  (+ bias[o])
+//
+// Shapes: W [N, K] row-major (PyTorch [out, in]) stored as f32, bf16 or f16 bits; x [T, K] f32;
+// bias [N] f32 or null; out [T, N] f32. K must be a multiple of 8 (16-bit weights) or 4 (f32), and
+// x, W 16-byte aligned (whole device allocations are).
+//
+// Work split: a warp owns R consecutive output rows; lane l takes the 16-byte chunks c ≡ l (mod 32)
+// of each of its rows (8 bf16/f16 or 4 f32 elements). A chunk is loaded once (streaming load; U
+// chunks per row in flight before the first use), converted to f32 in registers and multiplied
+// with the matching x chunk of every row t < T (float4 loads through L1, which every warp of the
+// multiprocessor shares). The accumulators acc[R][TM] are f32 registers; at the end each
+// (row, t) sum is reduced over the warp with shuffles. TM is the compile-time bucket
+// (1, 2, 4, 8, 16, 32) ≥ T; rows t ≥ T are skipped by a warp-uniform branch.
+//
+// Bytes: N·K·sizeof(W) read once + T·K·4 (x, cached) + T·N·4 written. FMAs: T·N·K.
+// Grid: ceil(ceil(N / R) / 8) blocks of 256 threads (8 warps); the tensor-core variant below:
+// ceil(N / 16) blocks of 256 threads.
+
+#define GEMV_WARPS 8
+
+// 16 bytes of weights → EPC f32 values (WT: 0 = f32, 1 = bf16, 2 = f16).
+template <int WT>
+__device__ __forceinline__ void unpack16(const uint4 v, float* f) {
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+    if (WT == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) f[i] = __uint_as_float(w[i]);
+    } else if (WT == 1) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            f[2 * i] = __uint_as_float(w[i] << 16);
+            f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            f[2 * i] = f16_to_f32((u16)(w[i] & 0xffffu));
+            f[2 * i + 1] = f16_to_f32((u16)(w[i] >> 16));
+        }
+    }
+}
+
+template <int WT, int TM, int R, int U>
+__device__ __forceinline__ void gemv_body(const uint4* __restrict__ W, const float* __restrict__ x,
+                                          const float* __restrict__ bias, float* __restrict__ out,
+                                          int N, int K, int T) {
+    constexpr int EPC = WT == 0 ? 4 : 8;
+    const int lane = threadIdx.x & 31;
+    const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * R;
+    if (row0 >= N) return;
+    const int nch = K / EPC;
+    float acc[R][TM];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < TM; ++t) acc[r][t] = 0.0f;
+
+    for (int c0 = lane; c0 < nch; c0 += 32 * U) {
+        uint4 wv[U][R];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int c = c0 + 32 * u;
+                if (c < nch && row0 + r < N)
+                    wv[u][r] = ld_stream16(W + (size_t)(row0 + r) * nch + c);
+                else
+                    wv[u][r] = make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = c0 + 32 * u;
+            if (c < nch) {
+                float wf[R][EPC];
+#pragma unroll
+                for (int r = 0; r < R; ++r) unpack16<WT>(wv[u][r], wf[r]);
+                const float* xc = x + (size_t)c * EPC;
+#pragma unroll
+                for (int t = 0; t < TM; ++t) {
+                    if (TM == 1 || t < T) {
+                        const float4* xp = (const float4*)(xc + (size_t)t * K);
+                        float xv[EPC];
+                        const float4 a = __ldg(xp);
+                        xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
+                        if (EPC == 8) {
+                            const float4 b = __ldg(xp + 1);
+                            xv[EPC - 4] = b.x; xv[EPC - 3] = b.y; xv[EPC - 2] = b.z; xv[EPC - 1] = b.w;
+                        }
+#pragma unroll
+                        for (int r = 0; r < R; ++r)
+#pragma unroll
+                            for (int e = 0; e < EPC; ++e) acc[r][t] = fmaf(wf[r][e], xv[e], acc[r][t]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < TM; ++t) {
+            if (TM == 1 || t < T) {
+                const float s = warp_sum(acc[r][t]);
+                if (row0 + r < N && lane == ((r * TM + t) & 31))
+                    out[(size_t)t * N + row0 + r] = s + (bias ? bias[row0 + r] : 0.0f);
+            }
+        }
+}
+
+#define GEMV_KERNEL(NAME, WT, TM, R, U)                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)                             \
+        NAME(const uint4* __restrict__ W, const float* __restrict__ x,                         \
+             const float* __restrict__ bias, float* __restrict__ out, int N, int K, int T) {   \
+        gemv_body<WT, TM, R, U>(W, x, bias, out, N, K, T);                                     \
+    }
+
+// Name: gemv_<dtype>_t<TM>_r<R>_u<U>. The Rust side picks one per (dtype, bucket); the others
+// are there for the timing test to compare.
+#define GEMV_DTYPE(D, WT)                           \
+    GEMV_KERNEL(gemv_##D##_t1_r1_u4, WT, 1, 1, 4)   \
+    GEMV_KERNEL(gemv_##D##_t1_r2_u4, WT, 1, 2, 4)   \
+    GEMV_KERNEL(gemv_##D##_t2_r2_u4, WT, 2, 2, 4)   \
+    GEMV_KERNEL(gemv_##D##_t4_r4_u2, WT, 4, 4, 2)   \
+    GEMV_KERNEL(gemv_##D##_t8_r4_u2, WT, 8, 4, 2)   \
+    GEMV_KERNEL(gemv_##D##_t16_r2_u1, WT, 16, 2, 1) \
+    GEMV_KERNEL(gemv_##D##_t16_r4_u1, WT, 16, 4, 1) \
+    GEMV_KERNEL(gemv_##D##_t32_r2_u1, WT, 32, 2, 1) \
+    GEMV_KERNEL(gemv_##D##_t32_r4_u1, WT, 32, 4, 1)
+
+GEMV_DTYPE(f32, 0)
+GEMV_DTYPE(bf16, 1)
+GEMV_DTYPE(f16, 2)
+
+GEMV_KERNEL(gemv_bf16_t1_r4_u2, 1, 1, 4, 2)
+GEMV_KERNEL(gemv_bf16_t16_r2_u2, 1, 16, 2, 2)
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core variant for bf16 weights (same math, same shapes and alignment rules as above).
+//
+// One block of 8 warps owns 16 output rows; warp w takes the 32-wide K slabs s ≡ w (mod 8), in
+// runs of U slabs, and the block sums the 8 partial results through shared memory at the end.
+// Per slab, lane (g = lane/4, q = lane%4) loads 16 bytes of row g and of row g+8 at k = 32s + 8q
+// (each weight read once, 16-byte streaming loads) and uses them, unchanged, as the A fragments
+// of two mma.sync.m16n8k16 (bf16 × bf16 → f32): the dot product does not depend on the order of
+// k, so k is permuted the same way in A and B and no shuffle is needed. B holds x[t = 8n + g][same
+// 8 k values] for n-tile n (NT tiles of 8 rows: T ≤ 8·NT). x stays f32 in memory and is split in
+// registers as x = hi + lo with hi = bf16(x), lo = bf16(x − hi), so W·x costs two MMAs and keeps
+// about 16 significant bits of x (bf16 weights are exact in the MMA); accumulation is f32.
+__device__ __forceinline__ u32 pack_bf16x2(float lo_elem, float hi_elem) {
+    u32 d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi_elem), "f"(lo_elem));
+    return d;
+}
+
+__device__ __forceinline__ void mma_bf16_16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                               u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <int NT, int U>
+__device__ __forceinline__ void gemv_bf16_mma_body(const uint4* __restrict__ W,
+                                                   const float* __restrict__ x,
+                                                   const float* __restrict__ bias,
+                                                   float* __restrict__ out, int N, int K, int T) {
+    __shared__ float red[GEMV_WARPS][NT][4][32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int row0 = blockIdx.x * 16;
+    const bool ra = row0 + g < N, rb = row0 + g + 8 < N;
+    const size_t kc8 = (size_t)K / 8;  // 16-byte chunks per row
+    const uint4* wa = W + (size_t)(row0 + g) * kc8;
+    const uint4* wb = W + (size_t)(row0 + g + 8) * kc8;
+    const int nslab = (K + 31) / 32;
+    float acc[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[n][j] = 0.0f;
+
+    for (int s0 = w * U; s0 < nslab; s0 += GEMV_WARPS * U) {
+        uint4 va[U], vb[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int k = (s0 + u) * 32 + 8 * q;
+            const bool in = s0 + u < nslab && k < K;
+            va[u] = (in && ra) ? ld_stream16(wa + k / 8) : make_uint4(0u, 0u, 0u, 0u);
+            vb[u] = (in && rb) ? ld_stream16(wb + k / 8) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (s0 + u < nslab) {
+                const int k = (s0 + u) * 32 + 8 * q;
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    const int t = 8 * n + g;
+                    float xv[8];
+                    if (k < K && t < T) {
+                        const float4* xp = (const float4*)(x + (size_t)t * K + k);
+                        const float4 a = __ldg(xp), b = __ldg(xp + 1);
+                        xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
+                        xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) xv[e] = 0.0f;
+                    }
+                    u32 hi[4], lo[4];
+#pragma unroll
+                    for (int p = 0; p < 4; ++p) {
+                        hi[p] = pack_bf16x2(xv[2 * p], xv[2 * p + 1]);
+                        const float h0 = __uint_as_float(hi[p] << 16);
+                        const float h1 = __uint_as_float(hi[p] & 0xffff0000u);
+                        lo[p] = pack_bf16x2(xv[2 * p] - h0, xv[2 * p + 1] - h1);
+                    }
+                    mma_bf16_16816(acc[n], va[u].x, vb[u].x, va[u].y, vb[u].y, hi[0], hi[1]);
+                    mma_bf16_16816(acc[n], va[u].x, vb[u].x, va[u].y, vb[u].y, lo[0], lo[1]);
+                    mma_bf16_16816(acc[n], va[u].z, vb[u].z, va[u].w, vb[u].w, hi[2], hi[3]);
+                    mma_bf16_16816(acc[n], va[u].z, vb[u].z, va[u].w, vb[u].w, lo[2], lo[3]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) red[w][n][j][lane] = acc[n][j];
+    __syncthreads();
+    for (int i = threadIdx.x; i < NT * 4 * 32; i += 32 * GEMV_WARPS) {
+        const int n = i / 128, j = (i / 32) % 4, l = i % 32;
+        float s = 0.0f;
+#pragma unroll
+        for (int v = 0; v < GEMV_WARPS; ++v) s += red[v][n][j][l];
+        // C fragment: c0, c1 at (row g, col 2q + {0, 1}); c2, c3 at (row g + 8, same cols).
+        const int row = row0 + (l >> 2) + (j >= 2 ? 8 : 0);
+        const int t = 8 * n + 2 * (l & 3) + (j & 1);
+        if (row < N && t < T) out[(size_t)t * N + row] = s + (bias ? bias[row] : 0.0f);
+    }
+}
+
+#define GEMV_MMA_KERNEL(NT, U)                                                                 \
+    extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)                             \
+        gemv_bf16_mma_n##NT##_u##U(const uint4* __restrict__ W, const float* __restrict__ x,   \
+                                   const float* __restrict__ bias, float* __restrict__ out,    \
+                                   int N, int K, int T) {                                      \
+        gemv_bf16_mma_body<NT, U>(W, x, bias, out, N, K, T);                                   \
+    }
+
+GEMV_MMA_KERNEL(1, 2)
+GEMV_MMA_KERNEL(1, 4)
+GEMV_MMA_KERNEL(2, 2)
+GEMV_MMA_KERNEL(2, 4)
+GEMV_MMA_KERNEL(4, 2)
+GEMV_MMA_KERNEL(4, 4)

@@ -1,0 +1,28 @@
+// Partial rotary position embedding, NeoX ("rotate half") layout, in place.
+//
+// For row t, head h and i < rot/2, with half = rot/2, a = x[t,h,i], b = x[t,h,half+i] and
+// angle = (float)pos[t] · inv_freq[i] (one f32 product, as on the CPU):
+//   x[t,h,i]      = a·cos(angle) − b·sin(angle)
+//   x[t,h,half+i] = b·cos(angle) + a·sin(angle)
+// and x[t,h,rot..head_dim] passes through.
+//
+// Shapes: x [T, H, head_dim] f32; pos [T] i32 (committed + depth of the row); inv_freq [rot/2]
+// f32. One thread per (t, h, i): T·H·rot/2 threads.
+
+extern "C" __global__ void rope_neox_f32(float* __restrict__ x, const int* __restrict__ pos,
+                                         const float* __restrict__ inv_freq, int t_rows,
+                                         int heads, int head_dim, int rot) {
+    const int half = rot >> 1;
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long total = (long long)t_rows * heads * half;
+    if (idx >= total) return;
+    const int i = (int)(idx % half);
+    const long long th = idx / half;  // t * heads + h
+    const int t = (int)(th / heads);
+    float s, c;
+    sincosf((float)pos[t] * inv_freq[i], &s, &c);
+    float* hp = x + th * head_dim;
+    const float a = hp[i], b = hp[half + i];
+    hp[i] = a * c - b * s;
+    hp[half + i] = b * c + a * s;
+}

@@ -1,0 +1,241 @@
+//! One CUDA device: its context, the one stream every op runs on, and the loaded kernel modules.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits,
+};
+use cudarc::nvrtc::Ptx;
+
+use crate::error::{CudaError, Result};
+use crate::guard;
+use crate::kernels::{self, Module};
+
+/// How one kernel module was obtained (for logs and benchmarks).
+#[derive(Clone, Debug)]
+pub struct ModuleInfo {
+    pub module: &'static str,
+    pub hash: String,
+    pub arch: String,
+    pub cache_path: Option<PathBuf>,
+    pub from_cache: bool,
+    /// NVRTC compile (or cache read) time plus the driver's module load, in ms.
+    pub millis: f64,
+}
+
+/// An open CUDA device. All ops are queued on one stream ([`CudaDevice::stream`]), in order;
+/// results are visible to the host after [`CudaDevice::synchronize`] or a download.
+pub struct CudaDevice {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    name: String,
+    cc: (i32, i32),
+    arch: String,
+    cache_dir: Option<PathBuf>,
+    modules: Mutex<HashMap<Module, Arc<CudaModule>>>,
+    funcs: Mutex<HashMap<String, CudaFunction>>,
+    infos: Mutex<Vec<ModuleInfo>>,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("ordinal", &self.ctx.ordinal())
+            .field("name", &self.name)
+            .field("arch", &self.arch)
+            .finish()
+    }
+}
+
+impl CudaDevice {
+    /// Opens device `ordinal`. Errors (never panics) when there is no driver, no such device, or
+    /// the driver fails.
+    pub fn open(ordinal: usize) -> Result<Self> {
+        guard("CudaDevice::open", || {
+            if !crate::driver_present() {
+                return Err(CudaError::NoDriver);
+            }
+            let count = crate::device_count()?;
+            if ordinal >= count {
+                return Err(CudaError::NoDevice { ordinal, count });
+            }
+            let ctx = CudaContext::new(ordinal).map_err(|e| CudaError::driver("cuCtx", e))?;
+            // One stream, ordered by construction: cudarc's per-buffer event tracking (meant for
+            // several streams) is switched off before any buffer exists.
+            // SAFETY: no CudaSlice has been allocated in this context by us yet, and this crate
+            // queues all work on the single stream created below.
+            unsafe { ctx.disable_event_tracking() };
+            let stream = ctx
+                .new_stream()
+                .map_err(|e| CudaError::driver("cuStreamCreate", e))?;
+            let name = ctx
+                .name()
+                .map_err(|e| CudaError::driver("cuDeviceGetName", e))?;
+            let cc = ctx
+                .compute_capability()
+                .map_err(|e| CudaError::driver("compute capability", e))?;
+            Ok(CudaDevice {
+                arch: kernels::arch_for(cc.0, cc.1),
+                ctx,
+                stream,
+                name,
+                cc,
+                cache_dir: kernels::cache_dir(),
+                modules: Mutex::new(HashMap::new()),
+                funcs: Mutex::new(HashMap::new()),
+                infos: Mutex::new(Vec::new()),
+            })
+        })
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.cc
+    }
+
+    /// The NVRTC target, `sm_XY`.
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Where compiled kernels are cached (None: no usable folder; kernels are compiled per process).
+    pub fn cache_dir(&self) -> Option<&std::path::Path> {
+        self.cache_dir.as_deref()
+    }
+
+    /// Modules loaded so far, in load order.
+    pub fn loaded_modules(&self) -> Vec<ModuleInfo> {
+        self.infos.lock().unwrap().clone()
+    }
+
+    /// Compiles (or reads from the cache) and loads every kernel module now, instead of at first
+    /// use.
+    pub fn load_all(&self) -> Result<()> {
+        for m in Module::ALL {
+            self.module(m)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn module(&self, m: Module) -> Result<Arc<CudaModule>> {
+        if let Some(md) = self.modules.lock().unwrap().get(&m) {
+            return Ok(md.clone());
+        }
+        let t0 = std::time::Instant::now();
+        let c = kernels::load_or_compile(m, &self.arch, self.cache_dir.as_deref())?;
+        let md = guard("load module", || {
+            self.ctx
+                .load_module(Ptx::from_src(c.ptx))
+                .map_err(|e| CudaError::driver(format!("cuModuleLoadData({}.cu)", m.name()), e))
+        })?;
+        self.infos.lock().unwrap().push(ModuleInfo {
+            module: m.name(),
+            hash: c.hash,
+            arch: self.arch.clone(),
+            cache_path: c.cache_path,
+            from_cache: c.from_cache,
+            millis: t0.elapsed().as_secs_f64() * 1e3,
+        });
+        self.modules.lock().unwrap().insert(m, md.clone());
+        Ok(md)
+    }
+
+    pub(crate) fn func(&self, m: Module, name: &str) -> Result<CudaFunction> {
+        if let Some(f) = self.funcs.lock().unwrap().get(name) {
+            return Ok(f.clone());
+        }
+        let md = self.module(m)?;
+        let f = guard("load function", || {
+            md.load_function(name)
+                .map_err(|e| CudaError::driver(format!("cuModuleGetFunction({name})"), e))
+        })?;
+        self.funcs
+            .lock()
+            .unwrap()
+            .insert(name.to_string(), f.clone());
+        Ok(f)
+    }
+
+    /// Copies host data into a new device buffer.
+    pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>> {
+        guard("upload", || {
+            self.stream
+                .clone_htod(data)
+                .map_err(|e| CudaError::driver("memcpy htod", e))
+        })
+    }
+
+    /// Copies host data into an existing device buffer (lengths must match).
+    pub fn upload_into<T: DeviceRepr>(&self, data: &[T], dst: &mut CudaSlice<T>) -> Result<()> {
+        crate::error::ensure!(
+            data.len() == dst.len(),
+            "upload_into: {} values into a buffer of {}",
+            data.len(),
+            dst.len()
+        );
+        guard("upload_into", || {
+            self.stream
+                .memcpy_htod(data, dst)
+                .map_err(|e| CudaError::driver("memcpy htod", e))
+        })
+    }
+
+    /// Copies a device buffer back to the host (waits for the queued work that writes it).
+    pub fn download<T: DeviceRepr + Default + Clone>(&self, src: &CudaSlice<T>) -> Result<Vec<T>> {
+        guard("download", || {
+            self.stream
+                .clone_dtoh(src)
+                .map_err(|e| CudaError::driver("memcpy dtoh", e))
+        })
+    }
+
+    /// A zeroed device buffer of `len` values.
+    pub fn alloc_zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
+        guard("alloc", || {
+            self.stream
+                .alloc_zeros(len)
+                .map_err(|e| CudaError::driver("alloc", e))
+        })
+    }
+
+    /// Device-to-device copy of a whole buffer (lengths must match).
+    pub fn copy<T: DeviceRepr>(&self, src: &CudaSlice<T>, dst: &mut CudaSlice<T>) -> Result<()> {
+        crate::error::ensure!(
+            src.len() == dst.len(),
+            "copy: {} values into a buffer of {}",
+            src.len(),
+            dst.len()
+        );
+        guard("copy", || {
+            self.stream
+                .memcpy_dtod(src, dst)
+                .map_err(|e| CudaError::driver("memcpy dtod", e))
+        })
+    }
+
+    /// Waits for everything queued on the stream; reports a failed kernel here.
+    pub fn synchronize(&self) -> Result<()> {
+        guard("synchronize", || {
+            self.stream
+                .synchronize()
+                .map_err(|e| CudaError::driver("cuStreamSynchronize", e))
+        })
+    }
+}

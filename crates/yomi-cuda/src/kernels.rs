@@ -1,0 +1,389 @@
+//! Kernel sources, NVRTC compilation and the on-disk PTX cache.
+//!
+//! Each module is one `.cu` file under `kernels/`, compiled as `common.cuh` + the file (NVRTC gets
+//! one string and no include path: the kernels use no CUDA headers). The cache key is a 64-bit
+//! FNV-1a hash of the full source, the compile options (the target architecture among them) and
+//! the NVRTC version; the PTX is stored as `<module>-<hash>-<arch>.ptx` in [`cache_dir`].
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use crate::error::{CudaError, Result};
+
+/// The prelude every module starts with.
+pub const PRELUDE: &str = include_str!("../kernels/common.cuh");
+
+/// One kernel file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Module {
+    Norm,
+    Act,
+    Rope,
+    Gemv,
+    Gdn,
+}
+
+impl Module {
+    pub const ALL: [Module; 5] = [
+        Module::Norm,
+        Module::Act,
+        Module::Rope,
+        Module::Gemv,
+        Module::Gdn,
+    ];
+
+    /// File stem under `kernels/`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Module::Norm => "norm",
+            Module::Act => "act",
+            Module::Rope => "rope",
+            Module::Gemv => "gemv",
+            Module::Gdn => "gdn",
+        }
+    }
+
+    /// The file's own text (without the prelude).
+    pub fn file_source(self) -> &'static str {
+        match self {
+            Module::Norm => include_str!("../kernels/norm.cu"),
+            Module::Act => include_str!("../kernels/act.cu"),
+            Module::Rope => include_str!("../kernels/rope.cu"),
+            Module::Gemv => include_str!("../kernels/gemv.cu"),
+            Module::Gdn => include_str!("../kernels/gdn.cu"),
+        }
+    }
+
+    /// What NVRTC compiles: the prelude, then the file.
+    pub fn source(self) -> String {
+        format!(
+            "{PRELUDE}\n#line 1 \"{}.cu\"\n{}",
+            self.name(),
+            self.file_source()
+        )
+    }
+
+    /// Every `extern "C"` kernel the Rust side may launch from this module.
+    pub fn kernel_names(self) -> Vec<String> {
+        match self {
+            Module::Norm => vec!["rms_norm_f32".into()],
+            Module::Act => vec!["swiglu_f32".into()],
+            Module::Rope => vec!["rope_neox_f32".into()],
+            Module::Gemv => crate::ops::all_gemv_kernels(),
+            Module::Gdn => vec!["gdn_decode_f32".into(), "gdn_tree_verify_f32".into()],
+        }
+    }
+}
+
+/// 64-bit FNV-1a.
+pub fn fnv1a64(bytes: &[u8], mut h: u64) -> u64 {
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// Cache key of one compilation: hash of source, options and NVRTC version (16 hex digits).
+/// Parts are length-prefixed so that moving text from one part to the next changes the key.
+pub fn source_hash(source: &str, options: &[String], nvrtc_version: (i32, i32)) -> String {
+    let mut h = FNV_OFFSET;
+    let mut part = |b: &[u8]| {
+        h = fnv1a64(&(b.len() as u64).to_le_bytes(), h);
+        h = fnv1a64(b, h);
+    };
+    part(source.as_bytes());
+    for o in options {
+        part(o.as_bytes());
+    }
+    part(format!("nvrtc {}.{}", nvrtc_version.0, nvrtc_version.1).as_bytes());
+    format!("{h:016x}")
+}
+
+/// The cache folder from the values of `XDG_CACHE_HOME` and `HOME`: `$XDG_CACHE_HOME/yomi/kernels`
+/// when that is an absolute path (the XDG rule), else `$HOME/.cache/yomi/kernels`, else none.
+pub fn cache_dir_from(xdg_cache_home: Option<OsString>, home: Option<OsString>) -> Option<PathBuf> {
+    let xdg = xdg_cache_home
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute());
+    let base = xdg.or_else(|| {
+        home.map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+            .map(|h| h.join(".cache"))
+    })?;
+    Some(base.join("yomi").join("kernels"))
+}
+
+/// The cache folder of this process (see [`cache_dir_from`]).
+pub fn cache_dir() -> Option<PathBuf> {
+    cache_dir_from(std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME"))
+}
+
+/// File name of a cached module.
+pub fn cache_file_name(module: Module, hash: &str, arch: &str) -> String {
+    format!("{}-{hash}-{arch}.ptx", module.name())
+}
+
+/// `sm_XY` for compute capability X.Y.
+pub fn arch_for(major: i32, minor: i32) -> String {
+    format!("sm_{major}{minor}")
+}
+
+/// NVRTC options used for every module.
+pub fn compile_options(arch: &str) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".to_string(),
+        "-lineinfo".to_string(),
+    ]
+}
+
+/// NVRTC's version; errors (no panic) when the library is missing.
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    crate::guard("nvrtcVersion", || {
+        if !crate::nvrtc_present() {
+            return Err(CudaError::NoNvrtc);
+        }
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: two out-pointers to live integers.
+        let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+        if r != cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+            return Err(CudaError::driver("nvrtcVersion", r));
+        }
+        Ok((major, minor))
+    })
+}
+
+/// Compiles one module to PTX text for `arch`, with no cache. A rejected source gives
+/// [`CudaError::Compile`] carrying NVRTC's log.
+pub fn compile_module(module: Module, arch: &str) -> Result<String> {
+    compile_source(module, &module.source(), arch)
+}
+
+fn compile_source(module: Module, source: &str, arch: &str) -> Result<String> {
+    crate::guard("nvrtc compile", || {
+        if !crate::nvrtc_present() {
+            return Err(CudaError::NoNvrtc);
+        }
+        let opts = cudarc::nvrtc::CompileOptions {
+            options: compile_options(arch),
+            name: Some(format!("{}.cu", module.name())),
+            ..Default::default()
+        };
+        match cudarc::nvrtc::compile_ptx_with_opts(source, opts) {
+            Ok(ptx) => Ok(ptx.to_src()),
+            Err(cudarc::nvrtc::CompileError::CompileError { nvrtc, log, .. }) => {
+                Err(CudaError::Compile {
+                    module: module.name(),
+                    arch: arch.to_string(),
+                    log: format!("{nvrtc:?}\n{}", log.to_string_lossy()),
+                })
+            }
+            Err(e) => Err(CudaError::Compile {
+                module: module.name(),
+                arch: arch.to_string(),
+                log: format!("{e:?}"),
+            }),
+        }
+    })
+}
+
+/// PTX of one module for `arch` and where it came from.
+pub struct Compiled {
+    pub ptx: String,
+    pub hash: String,
+    pub cache_path: Option<PathBuf>,
+    pub from_cache: bool,
+    /// Time spent in NVRTC, or reading the cache.
+    pub millis: f64,
+}
+
+/// PTX for `module` on `arch`: from the cache folder when a file for this exact key is there,
+/// else compiled and written there (atomically, by rename; a cache that cannot be written is
+/// not an error).
+pub fn load_or_compile(module: Module, arch: &str, dir: Option<&Path>) -> Result<Compiled> {
+    let t0 = Instant::now();
+    let source = module.source();
+    let hash = source_hash(&source, &compile_options(arch), nvrtc_version()?);
+    let path = dir.map(|d| d.join(cache_file_name(module, &hash, arch)));
+    if let Some(p) = &path
+        && let Ok(ptx) = std::fs::read_to_string(p)
+        && ptx.contains(".target")
+    {
+        return Ok(Compiled {
+            ptx,
+            hash,
+            cache_path: path,
+            from_cache: true,
+            millis: t0.elapsed().as_secs_f64() * 1e3,
+        });
+    }
+    let ptx = compile_source(module, &source, arch)?;
+    if let Some(p) = &path {
+        let _ = write_atomic(p, &ptx);
+    }
+    Ok(Compiled {
+        ptx,
+        hash,
+        cache_path: path,
+        from_cache: false,
+        millis: t0.elapsed().as_secs_f64() * 1e3,
+    })
+}
+
+fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv1a64_known_vectors() {
+        assert_eq!(fnv1a64(b"", FNV_OFFSET), 0xcbf29ce484222325);
+        assert_eq!(fnv1a64(b"a", FNV_OFFSET), 0xaf63dc4c8601ec8c);
+        assert_eq!(fnv1a64(b"foobar", FNV_OFFSET), 0x85944171f73967e8);
+    }
+
+    #[test]
+    fn source_hash_depends_on_source_options_and_version() {
+        let o90 = compile_options("sm_90");
+        let o80 = compile_options("sm_80");
+        let src = Module::Gemv.source();
+        let h = source_hash(&src, &o90, (13, 0));
+        assert_eq!(h.len(), 16);
+        assert!(h.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(h, source_hash(&src, &o90, (13, 0)), "stable");
+        assert_ne!(h, source_hash(&src, &o80, (13, 0)), "arch");
+        assert_ne!(h, source_hash(&src, &o90, (13, 1)), "nvrtc version");
+        assert_ne!(h, source_hash(&format!("{src} "), &o90, (13, 0)), "source");
+        // Part boundaries count: "ab" + "c" differs from "a" + "bc".
+        assert_ne!(
+            source_hash("ab", &["c".into()], (1, 0)),
+            source_hash("a", &["bc".into()], (1, 0))
+        );
+        // Every module hashes differently.
+        let mut all: Vec<String> = Module::ALL
+            .iter()
+            .map(|m| source_hash(&m.source(), &o90, (13, 0)))
+            .collect();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), Module::ALL.len());
+    }
+
+    #[test]
+    fn cache_dir_follows_xdg_then_home() {
+        let p = cache_dir_from(Some("/x/cache".into()), Some("/home/u".into())).unwrap();
+        assert_eq!(p, PathBuf::from("/x/cache/yomi/kernels"));
+        // A relative or empty XDG_CACHE_HOME is ignored (XDG base-directory rule).
+        for bad in ["", "rel/cache"] {
+            let p = cache_dir_from(Some(bad.into()), Some("/home/u".into())).unwrap();
+            assert_eq!(p, PathBuf::from("/home/u/.cache/yomi/kernels"));
+        }
+        let p = cache_dir_from(None, Some("/root".into())).unwrap();
+        assert_eq!(p, PathBuf::from("/root/.cache/yomi/kernels"));
+        assert_eq!(cache_dir_from(None, None), None);
+        assert_eq!(cache_dir_from(None, Some("".into())), None);
+        assert_eq!(
+            cache_file_name(Module::Gdn, "0123456789abcdef", "sm_90"),
+            "gdn-0123456789abcdef-sm_90.ptx"
+        );
+        assert_eq!(arch_for(9, 0), "sm_90");
+        assert_eq!(arch_for(8, 6), "sm_86");
+    }
+
+    /// Every kernel the Rust side launches is defined in its file, and every file states its math
+    /// in a header comment.
+    #[test]
+    fn launched_kernels_exist_in_the_sources() {
+        for m in Module::ALL {
+            let src = m.file_source();
+            assert!(
+                src.starts_with("//"),
+                "{}.cu has no header comment",
+                m.name()
+            );
+            for k in m.kernel_names() {
+                let defined = src.contains(&format!("void {k}("))
+                    || src.contains(&format!("void\n    {k}("))
+                    || src.contains(&format!("    {k}("))
+                    || gemv_macro_defines(src, &k);
+                assert!(defined, "kernel {k} not found in {}.cu", m.name());
+            }
+        }
+    }
+
+    /// The GEMV kernels are stamped out by macros: `gemv_<dtype>_t<T>_r<R>_u<U>` and
+    /// `gemv_bf16_mma_n<NT>_u<U>`.
+    fn gemv_macro_defines(src: &str, name: &str) -> bool {
+        if let Some(rest) = name.strip_prefix("gemv_bf16_mma_n") {
+            let (nt, u) = rest.split_once("_u").unwrap();
+            return src.contains(&format!("GEMV_MMA_KERNEL({nt}, {u})"));
+        }
+        let Some(rest) = name.strip_prefix("gemv_") else {
+            return false;
+        };
+        let (dtype, tail) = rest.split_once('_').unwrap();
+        src.contains(&format!("GEMV_KERNEL({name},"))
+            || (src.contains(&format!("GEMV_DTYPE({dtype},"))
+                && src.contains(&format!("gemv_##D##_{tail},")))
+    }
+
+    /// A source NVRTC rejects is an error carrying the compiler's log. Also compiles every real
+    /// module for sm_90 and checks the entry points. Needs libnvrtc: `.ci/run` installs the
+    /// NVRTC 13.0 wheel and runs `cargo test -p yomi-cuda -- --ignored nvrtc`.
+    #[test]
+    #[ignore = "needs NVRTC (pip nvidia-cuda-nvrtc==13.0.*); run with --ignored nvrtc"]
+    fn nvrtc_compiles_every_module() {
+        assert!(
+            crate::nvrtc_present(),
+            "libnvrtc not found on the library path"
+        );
+        for m in Module::ALL {
+            let ptx = compile_module(m, "sm_90").unwrap_or_else(|e| panic!("{e}"));
+            assert!(ptx.contains(".target sm_90"));
+            for k in m.kernel_names() {
+                assert!(
+                    ptx.contains(&format!(".entry {k}(")),
+                    "{k} missing from the PTX"
+                );
+            }
+        }
+        let e = compile_source(
+            Module::Norm,
+            "extern \"C\" __global__ void f() { undeclared_thing(); }",
+            "sm_90",
+        )
+        .unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("undeclared_thing"), "{msg}");
+    }
+
+    #[test]
+    #[ignore = "needs NVRTC (pip nvidia-cuda-nvrtc==13.0.*); run with --ignored nvrtc"]
+    fn nvrtc_cache_round_trip() {
+        assert!(
+            crate::nvrtc_present(),
+            "libnvrtc not found on the library path"
+        );
+        let dir = std::env::temp_dir().join(format!("yomi-kcache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let a = load_or_compile(Module::Act, "sm_90", Some(&dir)).unwrap();
+        assert!(!a.from_cache);
+        let b = load_or_compile(Module::Act, "sm_90", Some(&dir)).unwrap();
+        assert!(b.from_cache);
+        assert_eq!(a.ptx, b.ptx);
+        assert_eq!(a.cache_path, b.cache_path);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,716 @@
+//! The ops (DESIGN §5) on the device: shape checks on the host, then one kernel launch on the
+//! device's stream. Nothing here synchronizes; the math and shapes of each op are in its `.cu`
+//! file's header comment.
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use crate::device::CudaDevice;
+use crate::error::{CudaError, Result, ensure};
+use crate::guard;
+use crate::kernels::Module;
+
+/// How a weight matrix is stored on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightDtype {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl WeightDtype {
+    fn tag(self) -> &'static str {
+        match self {
+            WeightDtype::F32 => "f32",
+            WeightDtype::Bf16 => "bf16",
+            WeightDtype::F16 => "f16",
+        }
+    }
+
+    /// Elements per 16-byte load.
+    fn per_16_bytes(self) -> usize {
+        match self {
+            WeightDtype::F32 => 4,
+            _ => 8,
+        }
+    }
+
+    pub fn size_bytes(self) -> usize {
+        match self {
+            WeightDtype::F32 => 4,
+            _ => 2,
+        }
+    }
+}
+
+enum Weights {
+    F32(CudaSlice<f32>),
+    /// bf16 or f16 bit patterns.
+    Half(CudaSlice<u16>),
+}
+
+/// A [rows, cols] weight matrix on the device (rows = output features, PyTorch layout).
+pub struct DeviceMatrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub dtype: WeightDtype,
+    data: Weights,
+}
+
+impl DeviceMatrix {
+    pub fn from_f32(dev: &CudaDevice, rows: usize, cols: usize, data: &[f32]) -> Result<Self> {
+        ensure!(
+            data.len() == rows * cols,
+            "matrix data has {} values, not {rows}×{cols}",
+            data.len()
+        );
+        Ok(DeviceMatrix {
+            rows,
+            cols,
+            dtype: WeightDtype::F32,
+            data: Weights::F32(dev.upload(data)?),
+        })
+    }
+
+    /// bf16 (`dtype` Bf16) or f16 (`dtype` F16) bit patterns.
+    pub fn from_half_bits(
+        dev: &CudaDevice,
+        rows: usize,
+        cols: usize,
+        dtype: WeightDtype,
+        bits: &[u16],
+    ) -> Result<Self> {
+        ensure!(
+            dtype != WeightDtype::F32,
+            "from_half_bits takes bf16 or f16 bits"
+        );
+        ensure!(
+            bits.len() == rows * cols,
+            "matrix data has {} values, not {rows}×{cols}",
+            bits.len()
+        );
+        Ok(DeviceMatrix {
+            rows,
+            cols,
+            dtype,
+            data: Weights::Half(dev.upload(bits)?),
+        })
+    }
+
+    pub fn size_bytes(&self) -> usize {
+        self.rows * self.cols * self.dtype.size_bytes()
+    }
+}
+
+/// The most rows one GEMV launch takes (DESIGN §5: T ≤ 32 rows share one weight read).
+pub const MAX_GEMV_ROWS: usize = 32;
+
+/// The compile-time row buckets of the GEMV kernels.
+const BUCKETS: [usize; 6] = [1, 2, 4, 8, 16, 32];
+
+/// One GEMV kernel for a row bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemvKernel {
+    /// CUDA cores: R output rows per warp, U 16-byte chunks per row in flight.
+    Simt { r: usize, u: usize },
+    /// Tensor cores (bf16 weights only): 16 rows per block, U 32-wide K slabs in flight.
+    Mma { u: usize },
+}
+
+/// The SIMT (R, U) instantiated for every dtype, per bucket.
+const SIMT_ALL: [(usize, usize, usize); 9] = [
+    (1, 1, 4),
+    (1, 2, 4),
+    (2, 2, 4),
+    (4, 4, 2),
+    (8, 4, 2),
+    (16, 2, 1),
+    (16, 4, 1),
+    (32, 2, 1),
+    (32, 4, 1),
+];
+
+/// Extra SIMT (bucket, R, U) variants instantiated for bf16 only.
+const SIMT_BF16_EXTRA: [(usize, usize, usize); 2] = [(1, 4, 2), (16, 2, 2)];
+
+/// Slabs in flight of the tensor-core kernels (each for 1, 2 and 4 n-tiles of 8 rows).
+const MMA_U: [usize; 2] = [2, 4];
+
+/// The kernel [`CudaDevice::linear`] uses for `dtype` and a row bucket, chosen from the H200
+/// timings in bench/RESULTS.md ("CUDA kernels (H200)"): at T = 1 the SIMT kernel with one row per
+/// warp and 4 loads in flight is fastest (65–85% of the copy bandwidth); from T = 4 on the
+/// tensor-core kernel is 1.1–6× faster than the best SIMT one for bf16 (T = 2 was not timed; it
+/// takes the tensor-core kernel, whose time hardly changes from T = 1 to 4). f32/f16 weights have
+/// only SIMT kernels; there R = 2 beat R = 4 at T = 16 and 32.
+fn default_kernel(dtype: WeightDtype, bucket: usize) -> GemvKernel {
+    if dtype == WeightDtype::Bf16 && bucket >= 2 {
+        return GemvKernel::Mma { u: 2 };
+    }
+    let (r, u) = match bucket {
+        1 => (1, 4),
+        2 => (2, 4),
+        4 | 8 => (4, 2),
+        _ => (2, 1),
+    };
+    GemvKernel::Simt { r, u }
+}
+
+/// n-tiles of 8 rows of the tensor-core kernel for T rows.
+fn mma_tiles(t: usize) -> usize {
+    match t {
+        0..=8 => 1,
+        9..=16 => 2,
+        _ => 4,
+    }
+}
+
+fn gemv_name(dtype: WeightDtype, t: usize, k: GemvKernel) -> String {
+    let bucket = *BUCKETS.iter().find(|&&b| b >= t).unwrap_or(&32);
+    match k {
+        GemvKernel::Simt { r, u } => format!("gemv_{}_t{bucket}_r{r}_u{u}", dtype.tag()),
+        GemvKernel::Mma { u } => format!("gemv_{}_mma_n{}_u{u}", dtype.tag(), mma_tiles(t)),
+    }
+}
+
+pub(crate) fn all_gemv_kernels() -> Vec<String> {
+    let mut v = Vec::new();
+    for d in [WeightDtype::F32, WeightDtype::Bf16, WeightDtype::F16] {
+        for t in BUCKETS {
+            for k in gemv_variant(d, t) {
+                v.push(gemv_name(d, t, k));
+            }
+        }
+    }
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// The GEMV kernels that exist for `dtype` and T rows, the default first (the others are for
+/// benchmarks: [`CudaDevice::linear`] always takes the default).
+pub fn gemv_variant(dtype: WeightDtype, t: usize) -> Vec<GemvKernel> {
+    let Some(&b) = BUCKETS.iter().find(|&&b| b >= t) else {
+        return Vec::new();
+    };
+    let mut v = vec![default_kernel(dtype, b)];
+    let extra: &[(usize, usize, usize)] = if dtype == WeightDtype::Bf16 {
+        &SIMT_BF16_EXTRA
+    } else {
+        &[]
+    };
+    for &(bb, r, u) in SIMT_ALL.iter().chain(extra) {
+        let k = GemvKernel::Simt { r, u };
+        if bb == b && !v.contains(&k) {
+            v.push(k);
+        }
+    }
+    if dtype == WeightDtype::Bf16 {
+        for u in MMA_U {
+            let k = GemvKernel::Mma { u };
+            if !v.contains(&k) {
+                v.push(k);
+            }
+        }
+    }
+    v
+}
+
+fn as_i32(v: usize, what: &str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| CudaError::Invalid(format!("{what} = {v} does not fit in i32")))
+}
+
+fn launch_err(name: &str) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError + '_ {
+    move |e| CudaError::driver(format!("launch {name}"), e)
+}
+
+/// Per-value-head Gated DeltaNet shape: Hk key heads of dk, Hv value heads of dv.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GdnShape {
+    pub hk: usize,
+    pub hv: usize,
+    pub dk: usize,
+    pub dv: usize,
+}
+
+impl GdnShape {
+    pub fn state_len(&self) -> usize {
+        self.hv * self.dk * self.dv
+    }
+}
+
+/// Per-row GDN inputs on the device: q, k [T, Hk, dk] (l2-normed; q also scaled by dk^−½),
+/// v [T, Hv, dv], g (log-decay) and beta [T, Hv].
+pub struct GdnDeviceRows<'a> {
+    pub q: &'a CudaSlice<f32>,
+    pub k: &'a CudaSlice<f32>,
+    pub v: &'a CudaSlice<f32>,
+    pub g: &'a CudaSlice<f32>,
+    pub beta: &'a CudaSlice<f32>,
+}
+
+impl GdnDeviceRows<'_> {
+    fn check(&self, t: usize, s: GdnShape) -> Result<()> {
+        ensure!(
+            self.q.len() == t * s.hk * s.dk && self.k.len() == t * s.hk * s.dk,
+            "gdn: q/k must be [T={t}, Hk={}, dk={}]",
+            s.hk,
+            s.dk
+        );
+        ensure!(
+            self.v.len() == t * s.hv * s.dv,
+            "gdn: v must be [T={t}, Hv={}, dv={}]",
+            s.hv,
+            s.dv
+        );
+        ensure!(
+            self.g.len() == t * s.hv && self.beta.len() == t * s.hv,
+            "gdn: g/beta must be [T={t}, Hv={}]",
+            s.hv
+        );
+        Ok(())
+    }
+}
+
+fn check_gdn_shape(s: GdnShape, max_dk: usize) -> Result<()> {
+    ensure!(
+        s.hk > 0 && s.hv > 0 && s.hv.is_multiple_of(s.hk),
+        "gdn: Hv ({}) must be a multiple of Hk ({})",
+        s.hv,
+        s.hk
+    );
+    ensure!(
+        s.dv > 0 && s.dv.is_multiple_of(32),
+        "gdn: dv ({}) must be a positive multiple of 32",
+        s.dv
+    );
+    ensure!(
+        s.dk > 0 && s.dk.is_multiple_of(8) && s.dk <= max_dk,
+        "gdn: dk ({}) must be a multiple of 8 and at most {max_dk}",
+        s.dk
+    );
+    Ok(())
+}
+
+impl CudaDevice {
+    /// RMSNorm of each row of `x` ([rows, n], n = w.len()) into `out`:
+    /// `out = x / sqrt(mean(x²) + eps) · w`.
+    pub fn rms_norm(
+        &self,
+        x: &CudaSlice<f32>,
+        w: &CudaSlice<f32>,
+        eps: f32,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let n = w.len();
+        ensure!(
+            n > 0 && x.len().is_multiple_of(n),
+            "rms_norm: x has {} values, not a multiple of n = {n}",
+            x.len()
+        );
+        ensure!(
+            out.len() == x.len(),
+            "rms_norm: out has {} values, x {}",
+            out.len(),
+            x.len()
+        );
+        let rows = x.len() / n;
+        if rows == 0 {
+            return Ok(());
+        }
+        let f = self.func(Module::Norm, "rms_norm_f32")?;
+        let n_i = as_i32(n, "n")?;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (if n >= 4096 { 512 } else { 256 }, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        guard("rms_norm", || {
+            let mut b = self.stream().launch_builder(&f);
+            b.arg(x).arg(w).arg(out).arg(&n_i).arg(&eps);
+            // SAFETY: argument types match `rms_norm_f32`; lengths checked above.
+            unsafe { b.launch(cfg) }
+                .map(|_| ())
+                .map_err(launch_err("rms_norm_f32"))
+        })
+    }
+
+    /// In-place variant of [`CudaDevice::rms_norm`].
+    pub fn rms_norm_inplace(
+        &self,
+        x: &mut CudaSlice<f32>,
+        w: &CudaSlice<f32>,
+        eps: f32,
+    ) -> Result<()> {
+        let n = w.len();
+        ensure!(
+            n > 0 && x.len().is_multiple_of(n),
+            "rms_norm: x has {} values, not a multiple of n = {n}",
+            x.len()
+        );
+        let rows = x.len() / n;
+        if rows == 0 {
+            return Ok(());
+        }
+        let f = self.func(Module::Norm, "rms_norm_f32")?;
+        let n_i = as_i32(n, "n")?;
+        let null: u64 = 0;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (if n >= 4096 { 512 } else { 256 }, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        guard("rms_norm", || {
+            let mut b = self.stream().launch_builder(&f);
+            b.arg(x).arg(w).arg(&null).arg(&n_i).arg(&eps);
+            // SAFETY: as above; a null `y` makes the kernel write x in place.
+            unsafe { b.launch(cfg) }
+                .map(|_| ())
+                .map_err(launch_err("rms_norm_f32"))
+        })
+    }
+
+    /// `out[T, rows] = x[T, cols] · Wᵀ (+ bias)` for 1 ≤ T ≤ 32, reading W once for all rows.
+    /// bf16 weights with T ≥ 2 go through the tensor-core kernel, which splits x into two bf16
+    /// parts (relative L2 error about 4e-6 against the f32 CPU twin at K = 4096–12288, against
+    /// 3e-7 for the SIMT kernels; see `kernels/gemv.cu`). Larger T (prefill) is meant for
+    /// cuBLASLt, which is not wired up yet.
+    pub fn linear(
+        &self,
+        x: &CudaSlice<f32>,
+        t: usize,
+        w: &DeviceMatrix,
+        bias: Option<&CudaSlice<f32>>,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        self.linear_variant(x, t, w, bias, out, None)
+    }
+
+    /// [`CudaDevice::linear`] with a chosen kernel from [`gemv_variant`].
+    pub fn linear_variant(
+        &self,
+        x: &CudaSlice<f32>,
+        t: usize,
+        w: &DeviceMatrix,
+        bias: Option<&CudaSlice<f32>>,
+        out: &mut CudaSlice<f32>,
+        variant: Option<GemvKernel>,
+    ) -> Result<()> {
+        let (n, k) = (w.rows, w.cols);
+        ensure!(
+            (1..=MAX_GEMV_ROWS).contains(&t),
+            "linear: T = {t} rows; the GEMV kernels take 1..={MAX_GEMV_ROWS}"
+        );
+        ensure!(
+            x.len() == t * k,
+            "linear: x has {} values, not [T={t}, in={k}]",
+            x.len()
+        );
+        ensure!(
+            out.len() == t * n,
+            "linear: out has {} values, not [T={t}, out={n}]",
+            out.len()
+        );
+        let epc = w.dtype.per_16_bytes();
+        ensure!(
+            k.is_multiple_of(epc) && k > 0,
+            "linear: in = {k} must be a positive multiple of {epc} for {} weights",
+            w.dtype.tag()
+        );
+        if let Some(b) = bias {
+            ensure!(b.len() == n, "linear: bias has {} values, not {n}", b.len());
+        }
+        let bucket = *BUCKETS.iter().find(|&&b| b >= t).expect("t ≤ 32");
+        let kern = variant.unwrap_or_else(|| default_kernel(w.dtype, bucket));
+        ensure!(
+            gemv_variant(w.dtype, t).contains(&kern),
+            "linear: no GEMV kernel {kern:?} for {} at T={t}",
+            w.dtype.tag()
+        );
+        let name = gemv_name(w.dtype, t, kern);
+        let f = self.func(Module::Gemv, &name)?;
+        let (n_i, k_i, t_i) = (as_i32(n, "out")?, as_i32(k, "in")?, t as i32);
+        let blocks = match kern {
+            GemvKernel::Simt { r, .. } => n.div_ceil(r).div_ceil(8),
+            GemvKernel::Mma { .. } => n.div_ceil(16),
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let null: u64 = 0;
+        guard("linear", || {
+            let mut b = self.stream().launch_builder(&f);
+            match &w.data {
+                Weights::F32(s) => b.arg(s),
+                Weights::Half(s) => b.arg(s),
+            };
+            b.arg(x);
+            match bias {
+                Some(bs) => b.arg(bs),
+                None => b.arg(&null),
+            };
+            b.arg(out).arg(&n_i).arg(&k_i).arg(&t_i);
+            // SAFETY: argument types match the gemv kernels; lengths and K alignment checked.
+            unsafe { b.launch(cfg) }
+                .map(|_| ())
+                .map_err(launch_err(&name))
+        })
+    }
+
+    /// SwiGLU in place: `gate ← silu(gate) · up` element-wise.
+    pub fn swiglu(&self, gate: &mut CudaSlice<f32>, up: &CudaSlice<f32>) -> Result<()> {
+        ensure!(
+            gate.len() == up.len(),
+            "swiglu: gate has {} values, up {}",
+            gate.len(),
+            up.len()
+        );
+        let n = gate.len() as i64;
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.func(Module::Act, "swiglu_f32")?;
+        let cfg = LaunchConfig {
+            grid_dim: ((n as u64).div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        guard("swiglu", || {
+            let mut b = self.stream().launch_builder(&f);
+            b.arg(gate).arg(up).arg(&n);
+            // SAFETY: argument types match `swiglu_f32`; lengths checked.
+            unsafe { b.launch(cfg) }
+                .map(|_| ())
+                .map_err(launch_err("swiglu_f32"))
+        })
+    }
+
+    /// Partial NeoX RoPE in place on x [T, heads, head_dim]: the first `rot` values of every head
+    /// rotate by `pos[t] · inv_freq[i]` (rot even, ≤ head_dim; inv_freq has rot/2 values).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_neox(
+        &self,
+        x: &mut CudaSlice<f32>,
+        t: usize,
+        heads: usize,
+        head_dim: usize,
+        rot: usize,
+        positions: &CudaSlice<i32>,
+        inv_freq: &CudaSlice<f32>,
+    ) -> Result<()> {
+        ensure!(
+            rot.is_multiple_of(2) && rot > 0 && rot <= head_dim,
+            "rope: rot = {rot} must be even and in 2..={head_dim}"
+        );
+        ensure!(
+            inv_freq.len() == rot / 2,
+            "rope: inv_freq has {} values, not rot/2 = {}",
+            inv_freq.len(),
+            rot / 2
+        );
+        ensure!(
+            x.len() == t * heads * head_dim,
+            "rope: x has {} values, not [T={t}, H={heads}, D={head_dim}]",
+            x.len()
+        );
+        ensure!(
+            positions.len() >= t,
+            "rope: {} positions for {t} rows",
+            positions.len()
+        );
+        let total = (t * heads * rot / 2) as u64;
+        if total == 0 {
+            return Ok(());
+        }
+        let f = self.func(Module::Rope, "rope_neox_f32")?;
+        let args = [
+            as_i32(t, "T")?,
+            as_i32(heads, "heads")?,
+            as_i32(head_dim, "head_dim")?,
+            as_i32(rot, "rot")?,
+        ];
+        let cfg = LaunchConfig {
+            grid_dim: (total.div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        guard("rope", || {
+            let mut b = self.stream().launch_builder(&f);
+            b.arg(x).arg(positions).arg(inv_freq);
+            for a in &args {
+                b.arg(a);
+            }
+            // SAFETY: argument types match `rope_neox_f32`; lengths checked.
+            unsafe { b.launch(cfg) }
+                .map(|_| ())
+                .map_err(launch_err("rope_neox_f32"))
+        })
+    }
+
+    /// One fused GDN decode step (T = 1) that updates `state` [Hv, dk, dv] in place and writes
+    /// `out` [Hv, dv]: `u = β(v − e^g Sᵀk)`, `o = e^g Sᵀq + (k·q) u`, `S ← e^g S + k uᵀ`.
+    /// For plain decode, whose row is committed at once; speculative passes use
+    /// [`CudaDevice::gdn_tree_verify`], which leaves S₀ alone. dk ≤ 256, dv a multiple of 32.
+    pub fn gdn_decode_step(
+        &self,
+        shape: GdnShape,
+        rows: &GdnDeviceRows,
+        state: &mut CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        check_gdn_shape(shape, 256)?;
+        rows.check(1, shape)?;
+        ensure!(
+            state.len() == shape.state_len(),
+            "gdn: state must be [Hv, dk, dv]"
+        );
+        ensure!(
+            out.len() == shape.hv * shape.dv,
+            "gdn: out must be [Hv, dv]"
+        );
+        let f = self.func(Module::Gdn, "gdn_decode_f32")?;
+        let dims = [
+            as_i32(shape.hk, "hk")?,
+            as_i32(shape.hv, "hv")?,
+            as_i32(shape.dk, "dk")?,
+            as_i32(shape.dv, "dv")?,
+        ];
+        let cfg = LaunchConfig {
+            grid_dim: ((shape.dv / 32) as u32, shape.hv as u32, 1),
+            block_dim: (32, 8, 1),
+            shared_mem_bytes: 0,
+        };
+        guard("gdn_decode", || {
+            let mut b = self.stream().launch_builder(&f);
+            b.arg(rows.q)
+                .arg(rows.k)
+                .arg(rows.v)
+                .arg(rows.g)
+                .arg(rows.beta)
+                .arg(state)
+                .arg(out);
+            for a in &dims {
+                b.arg(a);
+            }
+            // SAFETY: argument types match `gdn_decode_f32`; shapes checked.
+            unsafe { b.launch(cfg) }
+                .map(|_| ())
+                .map_err(launch_err("gdn_decode_f32"))
+        })
+    }
+
+    /// GDN tree verify over T ≤ 32 rows from the committed `s0` (read only): writes every row's
+    /// output into `out` [T, Hv, dv] and, when given, the state after the root → last-row path
+    /// into `final_state` (for a chain: after all rows, so a whole-chain commit is a swap).
+    /// `parents` [T] are the tree's parent indices (−1 for the root, parent < row).
+    /// dk ≤ 128, dv a multiple of 32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gdn_tree_verify(
+        &self,
+        shape: GdnShape,
+        t: usize,
+        rows: &GdnDeviceRows,
+        parents: &CudaSlice<i32>,
+        s0: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        final_state: Option<&mut CudaSlice<f32>>,
+    ) -> Result<()> {
+        check_gdn_shape(shape, 128)?;
+        ensure!(
+            (1..=32).contains(&t),
+            "gdn_tree_verify: T = {t}; the kernel takes 1..=32 rows"
+        );
+        rows.check(t, shape)?;
+        ensure!(
+            parents.len() == t,
+            "gdn: {} parents for {t} rows",
+            parents.len()
+        );
+        ensure!(
+            s0.len() == shape.state_len(),
+            "gdn: s0 must be [Hv, dk, dv]"
+        );
+        ensure!(
+            out.len() == t * shape.hv * shape.dv,
+            "gdn: out must be [T, Hv, dv]"
+        );
+        if let Some(fs) = &final_state {
+            ensure!(
+                fs.len() == shape.state_len(),
+                "gdn: final_state must be [Hv, dk, dv]"
+            );
+        }
+        let f = self.func(Module::Gdn, "gdn_tree_verify_f32")?;
+        let dims = [
+            t as i32,
+            as_i32(shape.hk, "hk")?,
+            as_i32(shape.hv, "hv")?,
+            as_i32(shape.dk, "dk")?,
+            as_i32(shape.dv, "dv")?,
+        ];
+        let cfg = LaunchConfig {
+            grid_dim: ((shape.dv / 32) as u32, shape.hv as u32, 1),
+            block_dim: (32, 8, 1),
+            shared_mem_bytes: 0,
+        };
+        let null: u64 = 0;
+        guard("gdn_tree_verify", || {
+            let mut b = self.stream().launch_builder(&f);
+            b.arg(rows.q)
+                .arg(rows.k)
+                .arg(rows.v)
+                .arg(rows.g)
+                .arg(rows.beta)
+                .arg(parents)
+                .arg(s0)
+                .arg(out);
+            match final_state {
+                Some(fs) => b.arg(fs),
+                None => b.arg(&null),
+            };
+            for a in &dims {
+                b.arg(a);
+            }
+            // SAFETY: argument types match `gdn_tree_verify_f32`; shapes checked.
+            unsafe { b.launch(cfg) }
+                .map(|_| ())
+                .map_err(launch_err("gdn_tree_verify_f32"))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_bucket_has_a_default_variant_and_names_are_unique() {
+        for t in 1..=32 {
+            for d in [WeightDtype::F32, WeightDtype::Bf16, WeightDtype::F16] {
+                let v = gemv_variant(d, t);
+                assert!(!v.is_empty());
+                let b = *BUCKETS.iter().find(|&&b| b >= t).unwrap();
+                assert_eq!(v[0], default_kernel(d, b));
+                let mut names: Vec<String> = v.iter().map(|&k| gemv_name(d, t, k)).collect();
+                names.sort();
+                names.dedup();
+                assert_eq!(names.len(), v.len(), "duplicate kernels for {d:?} T={t}");
+                let mma = v.iter().any(|k| matches!(k, GemvKernel::Mma { .. }));
+                assert_eq!(mma, d == WeightDtype::Bf16);
+                // Every variant is listed once.
+                for (i, k) in v.iter().enumerate() {
+                    assert!(!v[i + 1..].contains(k), "{k:?} twice for {d:?} T={t}");
+                }
+            }
+        }
+        assert!(gemv_variant(WeightDtype::Bf16, 33).is_empty());
+        assert_eq!(
+            gemv_name(WeightDtype::Bf16, 12, GemvKernel::Mma { u: 4 }),
+            "gemv_bf16_mma_n2_u4"
+        );
+        assert_eq!(
+            gemv_name(WeightDtype::F16, 3, GemvKernel::Simt { r: 4, u: 2 }),
+            "gemv_f16_t4_r4_u2"
+        );
+    }
+}

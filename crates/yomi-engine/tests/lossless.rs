@@ -1,0 +1,328 @@
+//! Speculative decoding is lossless: with the suffix drafter (or any drafter) the engine emits
+//! exactly the tokens plain decoding emits — greedy and seeded sampling, on the Gated DeltaNet
+//! hybrid (qwen35-tiny) and on a plain transformer (llama-tiny) — and stops exactly where plain
+//! decoding stops (eos, stop strings, max_tokens, the end of the context).
+
+use std::path::PathBuf;
+
+use yomi_core::SamplerParams;
+use yomi_engine::generate::DraftMode;
+use yomi_engine::stats::StatsRecorder;
+use yomi_engine::{Engine, EngineOptions, GenerateParams, Generation, Prompt};
+use yomi_spec::{DraftTree, Drafter, SuffixDrafter};
+
+fn shared_fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures")
+        .join(name)
+}
+
+fn test_data(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data")
+        .join(name)
+}
+
+fn engine(path: PathBuf, context_size: usize) -> Engine {
+    let opts = EngineOptions {
+        context_size: Some(context_size),
+        threads: None,
+    };
+    Engine::load(&path, &opts, &mut |_, _| {}).expect("load engine")
+}
+
+fn greedy() -> SamplerParams {
+    SamplerParams::greedy()
+}
+
+fn seeded(seed: u64) -> SamplerParams {
+    SamplerParams {
+        temperature: 0.7,
+        top_p: 0.9,
+        seed,
+        ..Default::default()
+    }
+}
+
+fn params(draft: DraftMode, sampler: SamplerParams, max_tokens: usize) -> GenerateParams {
+    GenerateParams {
+        max_tokens,
+        sampler,
+        stop: Vec::new(),
+        draft,
+        draft_budget: 16,
+    }
+}
+
+fn generate(e: &Engine, ids: &[u32], p: &GenerateParams) -> Generation {
+    let mut st = e.new_state();
+    e.generate(&mut st, ids, p, StatsRecorder::start(), &mut |_| true)
+        .expect("generate")
+}
+
+fn generate_with(e: &Engine, ids: &[u32], p: &GenerateParams, d: &mut dyn Drafter) -> Generation {
+    let mut st = e.new_state();
+    e.generate_with(
+        &mut st,
+        ids,
+        p,
+        Some(d),
+        StatsRecorder::start(),
+        &mut |_| true,
+    )
+    .expect("generate")
+}
+
+/// Both runs emit the same tokens, text and finish reason; the stats add up.
+fn assert_same(plain: &Generation, spec: &Generation, what: &str) {
+    assert_eq!(
+        plain.output_ids, spec.output_ids,
+        "{what}: output ids differ"
+    );
+    assert_eq!(plain.text, spec.text, "{what}: text differs");
+    assert_eq!(
+        plain.finish_reason, spec.finish_reason,
+        "{what}: finish differs"
+    );
+    assert_eq!(plain.stats.tokens_per_forward_pass.max(1.0), 1.0, "{what}");
+    let s = &spec.stats;
+    assert_eq!(s.generated_tokens, spec.output_ids.len(), "{what}");
+    let pass_tokens = s.tokens_per_forward_pass * s.verify_passes as f64;
+    let want = spec.output_ids.len().saturating_sub(1) as f64;
+    assert!((pass_tokens - want).abs() < 1e-6, "{what}: {s:?}");
+}
+
+const PROMPTS: [&str; 4] = [
+    "def merge(a, b):\n    out = []\n    i = j = 0\n    while i < len(a) and j < len(b):\n",
+    "for i in range(10): print(i)\nfor i in range(10): print(i)\nfor i in range(10): print(i)\n",
+    "the cat sat on the mat. the cat sat on the mat. the cat",
+    "1 2 3 4 5 6 7 8 9 10 11 12",
+];
+
+/// The suffix drafter with its default row cost, deaf to the engine's pass timings, so that its
+/// trees — and the tokens per pass — do not depend on how fast the machine running the test is.
+struct FixedCost(SuffixDrafter);
+
+impl Drafter for FixedCost {
+    fn propose(&mut self, context: &[u32], budget: usize, out: &mut DraftTree) {
+        self.0.propose(context, budget, out)
+    }
+    fn observe(&mut self, accepted_drafts: usize, proposed: usize) {
+        self.0.observe(accepted_drafts, proposed)
+    }
+}
+
+/// Tokens per pass of the speculative runs: with the engine's own suffix drafter (sized by
+/// measured pass times) and with the fixed-cost one.
+struct Observed {
+    measured: Vec<f64>,
+    fixed: Vec<f64>,
+}
+
+/// Generates 300 tokens per prompt plainly and with the suffix drafter (eos ignored so every
+/// run is long), greedy and seeded, and checks that the outputs are identical.
+fn suffix_is_lossless(mut e: Engine, name: &str) -> Observed {
+    e.eos_token_ids.clear();
+    let mut seen = Observed {
+        measured: Vec::new(),
+        fixed: Vec::new(),
+    };
+    let (mut proposed, mut accepted) = (0, 0);
+    for (pi, prompt) in PROMPTS.iter().enumerate() {
+        let ids = e.prompt_ids(&Prompt::Text(prompt.to_string())).unwrap();
+        for sampler in [greedy(), seeded(11 + pi as u64)] {
+            let what = format!("{name} prompt {pi}, {sampler:?}");
+            let plain = generate(&e, &ids, &params(DraftMode::None, sampler.clone(), 300));
+            assert_eq!(plain.output_ids.len(), 300, "{what}");
+            let spec = generate(&e, &ids, &params(DraftMode::Suffix, sampler.clone(), 300));
+            assert_same(&plain, &spec, &what);
+            seen.measured.push(spec.stats.tokens_per_forward_pass);
+            let mut d = FixedCost(SuffixDrafter::default());
+            let p = params(DraftMode::None, sampler, 300);
+            let fixed = generate_with(&e, &ids, &p, &mut d);
+            assert_same(&plain, &fixed, &what);
+            seen.fixed.push(fixed.stats.tokens_per_forward_pass);
+            let s = d.0.stats();
+            assert!(
+                s.proposed > 0,
+                "{what}: the suffix drafter never drafted: {s:?}"
+            );
+            proposed += s.proposed;
+            accepted += s.accepted;
+        }
+    }
+    eprintln!(
+        "{name}: tokens per pass {:.2?} (measured row cost), {:.2?} (fixed row cost: {accepted} \
+         of {proposed} drafts accepted)",
+        seen.measured, seen.fixed
+    );
+    seen
+}
+
+#[test]
+fn suffix_drafting_is_lossless_on_qwen35_tiny() {
+    suffix_is_lossless(engine(shared_fixture("qwen35-tiny"), 1024), "qwen35-tiny");
+}
+
+#[test]
+fn suffix_drafting_is_lossless_on_llama_tiny() {
+    let seen = suffix_is_lossless(engine(test_data("llama-tiny"), 1024), "llama-tiny");
+    // The random llama falls into loops that the suffix drafter picks up.
+    let best = seen.fixed.iter().cloned().fold(0.0, f64::max);
+    assert!(best > 1.3, "no drafts accepted: {:?}", seen.fixed);
+}
+
+/// A test drafter that knows the plain output: it proposes a tree around the true
+/// continuation with wrong siblings and wrong turns at pseudo-random depths, so that passes
+/// accept long, short and empty paths through every kind of tree.
+struct Oracle {
+    truth: Vec<u32>,
+    vocab: u32,
+    state: u64,
+    proposed: usize,
+    accepted: usize,
+}
+
+impl Oracle {
+    fn new(prompt: &[u32], output: &[u32], vocab: usize) -> Self {
+        let mut truth = prompt.to_vec();
+        truth.extend_from_slice(output);
+        Oracle {
+            truth,
+            vocab: vocab as u32,
+            state: 0x5eed,
+            proposed: 0,
+            accepted: 0,
+        }
+    }
+
+    fn rand(&mut self, n: u64) -> u64 {
+        self.state = self
+            .state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.state >> 33) % n
+    }
+}
+
+impl Drafter for Oracle {
+    fn propose(&mut self, context: &[u32], budget: usize, out: &mut DraftTree) {
+        out.reset(*context.last().unwrap());
+        assert!(
+            self.truth.starts_with(context),
+            "the context left the plain output"
+        );
+        let mut cur = 0usize;
+        let mut pos = context.len();
+        while out.num_drafts() < budget {
+            let right = self.truth.get(pos).copied().unwrap_or(0);
+            let wrong = (right + 1 + self.rand(self.vocab as u64 - 1) as u32) % self.vocab;
+            match self.rand(6) {
+                // A wrong leaf before the right child.
+                0 | 1 => {
+                    out.push(cur, wrong);
+                }
+                // A wrong turn with a subtree of its own, then the right child after it.
+                2 if out.num_drafts() + 3 <= budget => {
+                    let w = out.push(cur, wrong);
+                    out.push(w, right);
+                }
+                // The path goes wrong here: stop.
+                3 if self.rand(3) == 0 => {
+                    out.push(cur, wrong);
+                    break;
+                }
+                _ => {}
+            }
+            if out.num_drafts() >= budget {
+                break;
+            }
+            cur = out.push(cur, right);
+            pos += 1;
+        }
+        out.check().expect("oracle tree is well formed");
+    }
+
+    fn observe(&mut self, accepted_drafts: usize, proposed: usize) {
+        self.accepted += accepted_drafts;
+        self.proposed += proposed;
+    }
+}
+
+/// Deep accepts through the engine on both architectures, and every stop condition hit in the
+/// middle of a pass: the output is the plain output, cut at the same token.
+#[test]
+fn deep_accepts_stop_exactly_where_plain_decoding_stops() {
+    for (name, path) in [
+        ("qwen35-tiny", shared_fixture("qwen35-tiny")),
+        ("llama-tiny", test_data("llama-tiny")),
+    ] {
+        let full = engine(path.clone(), 1024);
+        let ids = full
+            .prompt_ids(&Prompt::Text(PROMPTS[0].to_string()))
+            .unwrap();
+        let vocab = full.model.cfg.vocab_size;
+        for sampler in [greedy(), seeded(5)] {
+            // Long runs, eos honoured.
+            let p = params(DraftMode::None, sampler.clone(), 200);
+            let plain = generate(&full, &ids, &p);
+            let mut oracle = Oracle::new(&ids, &plain.output_ids, vocab);
+            let spec = generate_with(&full, &ids, &p, &mut oracle);
+            let what = format!("{name} {sampler:?}");
+            assert_same(&plain, &spec, &what);
+            assert!(
+                plain.output_ids.len() < 20 || spec.stats.tokens_per_forward_pass > 2.0,
+                "{what}: the oracle's drafts were not accepted: {:?}",
+                spec.stats
+            );
+            assert!(oracle.accepted > 0 && oracle.accepted < oracle.proposed);
+            eprintln!(
+                "{what}: oracle drafts, {:.2} tokens per pass ({} of {} drafts accepted)",
+                spec.stats.tokens_per_forward_pass, oracle.accepted, oracle.proposed
+            );
+
+            // max_tokens cuts a pass short.
+            for max_tokens in [1, 2, 3, 7, 16, 17, 33] {
+                let p = params(DraftMode::None, sampler.clone(), max_tokens);
+                let plain = generate(&full, &ids, &p);
+                let mut oracle = Oracle::new(&ids, &plain.output_ids, vocab);
+                let spec = generate_with(&full, &ids, &p, &mut oracle);
+                assert_same(&plain, &spec, &format!("{what} max_tokens {max_tokens}"));
+                let p = params(DraftMode::Suffix, sampler.clone(), max_tokens);
+                let spec = generate(&full, &ids, &p);
+                assert_same(
+                    &plain,
+                    &spec,
+                    &format!("{what} suffix max_tokens {max_tokens}"),
+                );
+            }
+
+            // A stop string that ends inside a pass.
+            let long = generate(&full, &ids, &params(DraftMode::None, sampler.clone(), 60));
+            let chars: Vec<char> = long.text.chars().collect();
+            if chars.len() > 30 {
+                let stop: String = chars[20..24].iter().collect();
+                let mut p = params(DraftMode::None, sampler.clone(), 60);
+                p.stop = vec![stop.clone()];
+                let plain = generate(&full, &ids, &p);
+                let mut oracle = Oracle::new(&ids, &plain.output_ids, vocab);
+                let spec = generate_with(&full, &ids, &p, &mut oracle);
+                assert_same(&plain, &spec, &format!("{what} stop {stop:?}"));
+                assert_eq!(plain.finish_reason, yomi_engine::FinishReason::Stop);
+            }
+
+            // The end of the context: trees are trimmed to fit, the last token is the same.
+            for room in [2, 3, 5, 18, 40] {
+                let small = engine(path.clone(), ids.len() + room);
+                let p = params(DraftMode::None, sampler.clone(), 1000);
+                let plain = generate(&small, &ids, &p);
+                let mut oracle = Oracle::new(&ids, &plain.output_ids, vocab);
+                let spec = generate_with(&small, &ids, &p, &mut oracle);
+                assert_same(&plain, &spec, &format!("{what} context room {room}"));
+                let p = params(DraftMode::Suffix, sampler.clone(), 1000);
+                let spec = generate(&small, &ids, &p);
+                assert_same(&plain, &spec, &format!("{what} suffix context room {room}"));
+            }
+        }
+    }
+}

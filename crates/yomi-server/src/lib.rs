@@ -1,0 +1,832 @@
+//! yomi's OpenAI-compatible HTTP server (DESIGN §8): `POST /v1/chat/completions` and
+//! `POST /v1/completions` (streamed as server-sent events or not), `GET /v1/models`,
+//! `GET /health`.
+//!
+//! One engine, batch one: handlers template and tokenize a request, check it, and queue it for
+//! the engine thread ([`worker`]); the queue is bounded (503 when full). Text streams back
+//! through a channel per request; a client that disconnects drops its end, which stops the
+//! generation at the next token and frees the engine. The prefix cache is on unless turned
+//! off. Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) with
+//! 400 (bad JSON or parameters, context overflow), 401 (API key), 404 (unknown model or
+//! route), 413 (body too large), 503 (queue full) and 500 (engine failure).
+
+pub mod api;
+pub mod client;
+pub mod error;
+pub mod reasoning;
+mod worker;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures_util::StreamExt;
+use futures_util::stream;
+use serde_json::{Value, json};
+use tokio::sync::mpsc::unbounded_channel;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use yomi_core::SamplerParams;
+use yomi_engine::generate::{DEFAULT_DRAFT_BUDGET, DraftMode};
+use yomi_engine::prefix_cache::{PrefixCacheConfig, PrefixCacheStats};
+use yomi_engine::stats::StatsRecorder;
+use yomi_engine::{Engine, GenerateParams};
+
+use crate::api::{ApiKind, Outcome, ParsedRequest, PromptSpec, ResponseMeta};
+use crate::error::ApiError;
+use crate::reasoning::{Split, THINK_CLOSE, THINK_OPEN, prompt_opens_thinking};
+use crate::worker::{Event, Job};
+
+/// Default limit on a request body.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
+/// Default number of requests that may wait for the engine (besides the one running).
+pub const DEFAULT_QUEUE_SIZE: usize = 32;
+
+/// How to serve (the address is [`bind`]'s).
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// The name clients use in `model` (and `/v1/models` lists).
+    pub model_name: String,
+    /// When set, `/v1/*` requires `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+    /// The prefix cache; `None` turns it off (every request is a cold run).
+    pub prefix_cache: Option<PrefixCacheConfig>,
+    /// Requests that may wait while one runs; more get 503.
+    pub queue_size: usize,
+    /// Largest request body accepted (413 beyond).
+    pub max_body_bytes: usize,
+    /// Speculative drafter for every request (lossless).
+    pub draft: DraftMode,
+    pub draft_budget: usize,
+    /// Tests only: a pause after every text delta, to make a generation slow.
+    pub token_delay: Option<Duration>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            model_name: "default".into(),
+            api_key: None,
+            prefix_cache: Some(PrefixCacheConfig::default()),
+            queue_size: DEFAULT_QUEUE_SIZE,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            draft: DraftMode::Suffix,
+            draft_budget: DEFAULT_DRAFT_BUDGET,
+            token_delay: None,
+        }
+    }
+}
+
+/// Request counters, as `/health` reports them.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub completed: AtomicU64,
+    pub cancelled: AtomicU64,
+    pub failed: AtomicU64,
+    pub rejected: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    pub running: AtomicBool,
+}
+
+/// Holds the engine thread between jobs (tests use it to fill the queue deterministically).
+#[derive(Default)]
+pub(crate) struct Gate {
+    paused: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Gate {
+    fn set(&self, paused: bool) {
+        *self.paused.lock().unwrap_or_else(|e| e.into_inner()) = paused;
+        self.cv.notify_all();
+    }
+
+    pub(crate) fn wait(&self) {
+        let mut p = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        while *p {
+            p = self.cv.wait(p).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// Token ids of the think tags when they are special tokens (absent from decoded text).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ThinkTokens {
+    pub open: Option<u32>,
+    pub close: Option<u32>,
+}
+
+pub(crate) struct Shared {
+    pub cfg: ServerConfig,
+    /// Requests queued or running.
+    pub admitted: AtomicUsize,
+    pub counters: Counters,
+    pub gate: Gate,
+    pub cache_stats: Mutex<Option<PrefixCacheStats>>,
+    pub think: ThinkTokens,
+}
+
+struct App {
+    engine: Arc<Engine>,
+    shared: Arc<Shared>,
+    jobs: Mutex<std::sync::mpsc::Sender<Job>>,
+    created: u64,
+    next_id: AtomicU64,
+    id_salt: u64,
+}
+
+type AppState = Arc<App>;
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn random_u64() -> u64 {
+    use std::collections::hash_map::RandomState;
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = RandomState::new().build_hasher();
+    h.write_u128(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.finish()
+}
+
+/// A think tag that the tokenizer treats as one special token.
+fn special_token(engine: &Engine, tag: &str) -> Option<u32> {
+    let id = engine.tokenizer.token_to_id(tag)?;
+    let text = engine.tokenizer.decode(&[id], true).ok()?;
+    text.is_empty().then_some(id)
+}
+
+/// The server's health and counters, as `GET /health` reports them.
+pub(crate) fn health_json(shared: &Shared) -> Value {
+    let c = &shared.counters;
+    let admitted = shared.admitted.load(Ordering::Acquire);
+    let running = c.running.load(Ordering::Acquire);
+    json!({
+        "status": "ok",
+        "model": shared.cfg.model_name,
+        "queue": {
+            "waiting": admitted.saturating_sub(usize::from(running)),
+            "running": running,
+            "capacity": shared.cfg.queue_size,
+        },
+        "requests": {
+            "completed": c.completed.load(Ordering::Relaxed),
+            "cancelled": c.cancelled.load(Ordering::Relaxed),
+            "failed": c.failed.load(Ordering::Relaxed),
+            "rejected": c.rejected.load(Ordering::Relaxed),
+            "generated_tokens": c.generated_tokens.load(Ordering::Relaxed),
+        },
+        "prefix_cache": shared
+            .cache_stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map(|s| serde_json::to_value(s).unwrap_or(Value::Null)),
+    })
+}
+
+async fn health(State(app): State<AppState>) -> Response {
+    axum::Json(health_json(&app.shared)).into_response()
+}
+
+fn model_card(app: &App) -> Value {
+    json!({
+        "id": app.shared.cfg.model_name,
+        "object": "model",
+        "created": app.created,
+        "owned_by": "yomi",
+        "max_model_len": app.engine.context_size,
+    })
+}
+
+async fn models(State(app): State<AppState>) -> Response {
+    axum::Json(json!({"object": "list", "data": [model_card(&app)]})).into_response()
+}
+
+async fn model(State(app): State<AppState>, Path(id): Path<String>) -> Response {
+    if id == app.shared.cfg.model_name {
+        axum::Json(model_card(&app)).into_response()
+    } else {
+        unknown_model(&app, &id).into_response()
+    }
+}
+
+fn unknown_model(app: &App, name: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!(
+            "the model `{name}` does not exist (this server serves `{}`)",
+            app.shared.cfg.model_name
+        ),
+    )
+    .with_param("model")
+    .with_code("model_not_found")
+}
+
+async fn not_found(req: Request) -> Response {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!("no route {} {}", req.method(), req.uri().path()),
+    )
+    .into_response()
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        format!("{} is not allowed on {}", req.method(), req.uri().path()),
+    )
+    .into_response()
+}
+
+/// `--api-key`: every route but `/health` needs `Authorization: Bearer <key>`.
+async fn auth(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(key) = &app.shared.cfg.api_key
+        && req.uri().path() != "/health"
+    {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        if given != Some(key.as_str()) {
+            let msg = if given.is_none() {
+                "missing API key: send `Authorization: Bearer <key>`"
+            } else {
+                "incorrect API key"
+            };
+            return ApiError::new(StatusCode::UNAUTHORIZED, "invalid_request_error", msg)
+                .with_code("invalid_api_key")
+                .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// A body that could not be read: 413 beyond the size limit, else 400.
+fn body_error(rej: BytesRejection) -> ApiError {
+    let status = rej.status();
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(
+            status,
+            "invalid_request_error",
+            "the request body is too large",
+        )
+        .with_code("request_too_large")
+    } else {
+        ApiError::new(
+            if status.is_client_error() {
+                status
+            } else {
+                StatusCode::BAD_REQUEST
+            },
+            "invalid_request_error",
+            format!("cannot read the request body: {}", rej.body_text()),
+        )
+    }
+}
+
+async fn chat(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+    let stats = StatsRecorder::start();
+    let parsed = body.map_err(body_error).and_then(|b| api::parse_chat(&b));
+    match parsed {
+        Ok(p) => complete(app, p, stats).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn completions(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+    let stats = StatsRecorder::start();
+    let parsed = body
+        .map_err(body_error)
+        .and_then(|b| api::parse_completion(&b));
+    match parsed {
+        Ok(p) => complete(app, p, stats).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// A request turned into what the engine runs.
+struct Prepared {
+    prompt_ids: Vec<u32>,
+    params: GenerateParams,
+    starts_thinking: bool,
+}
+
+fn context_error(msg: String) -> ApiError {
+    ApiError::bad_request(msg).with_code("context_length_exceeded")
+}
+
+/// Templates and tokenizes, then checks everything that needs the model.
+fn prepare(engine: &Engine, cfg: &ServerConfig, p: &ParsedRequest) -> Result<Prepared, ApiError> {
+    let ctx = engine.context_size;
+    let mut starts_thinking = false;
+    let ids = match &p.prompt {
+        PromptSpec::Chat {
+            messages,
+            enable_thinking,
+            kwargs,
+        } => {
+            let tpl = engine.template.as_ref().ok_or_else(|| {
+                ApiError::bad_request(
+                    "this model has no chat template; use /v1/completions with a text prompt",
+                )
+            })?;
+            let extra = (!kwargs.is_empty()).then_some(kwargs);
+            let text = tpl
+                .render_with(messages.as_slice(), None, true, *enable_thinking, extra)
+                .map_err(|e| ApiError::bad_param("messages", format!("{e:#}")))?;
+            starts_thinking = prompt_opens_thinking(&text);
+            engine
+                .tokenizer
+                .encode(&text, false)
+                .map_err(|e| ApiError::bad_param("messages", format!("{e:#}")))?
+        }
+        PromptSpec::Text(t) => engine
+            .tokenizer
+            .encode(t, true)
+            .map_err(|e| ApiError::bad_param("prompt", format!("{e:#}")))?,
+        PromptSpec::Ids(ids) => ids.clone(),
+    };
+    let param = if p.kind == ApiKind::Chat {
+        "messages"
+    } else {
+        "prompt"
+    };
+    if ids.is_empty() {
+        return Err(ApiError::bad_param(param, "the prompt is empty"));
+    }
+    let vocab = engine.model.cfg.vocab_size;
+    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+        return Err(ApiError::bad_param(
+            param,
+            format!("token id {bad} is outside the vocabulary of {vocab} tokens"),
+        ));
+    }
+    if ids.len() >= ctx {
+        return Err(context_error(format!(
+            "this model's maximum context length is {ctx} tokens, but the prompt has {} tokens",
+            ids.len()
+        ))
+        .with_param(param));
+    }
+    let room = ctx - ids.len();
+    let max_tokens = match (p.max_tokens, p.kind) {
+        (Some(n), _) if n > room => {
+            return Err(context_error(format!(
+                "this model's maximum context length is {ctx} tokens; the prompt has {} tokens \
+                 and {n} more were requested ({} at most)",
+                ids.len(),
+                room
+            ))
+            .with_param("max_tokens"));
+        }
+        (Some(n), _) => n,
+        // OpenAI's default for text completions; chat may use the rest of the context.
+        (None, ApiKind::Completion) => 16.min(room),
+        (None, ApiKind::Chat) => room,
+    };
+    let d = &engine.defaults;
+    let sampler = SamplerParams {
+        temperature: p.temperature.or(d.temperature).unwrap_or(1.0),
+        top_k: p.top_k.or(d.top_k).unwrap_or(0),
+        top_p: p.top_p.or(d.top_p).unwrap_or(1.0),
+        min_p: p.min_p.or(d.min_p).unwrap_or(0.0),
+        seed: p.seed.unwrap_or_else(random_u64),
+    };
+    sampler.validate().map_err(|m| {
+        let param = ["temperature", "top_p", "min_p"]
+            .into_iter()
+            .find(|k| m.contains(k))
+            .unwrap_or("temperature");
+        ApiError::bad_param(param, m)
+    })?;
+    let params = GenerateParams {
+        max_tokens,
+        sampler,
+        stop: p.stop.clone(),
+        draft: cfg.draft,
+        draft_budget: cfg.draft_budget,
+    };
+    params
+        .validate()
+        .map_err(|m| ApiError::internal(format!("bad server settings: {m}")))?;
+    Ok(Prepared {
+        prompt_ids: ids,
+        params,
+        starts_thinking,
+    })
+}
+
+async fn complete(app: AppState, p: ParsedRequest, stats: StatsRecorder) -> Response {
+    match start(app, p, stats).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn start(
+    app: AppState,
+    p: ParsedRequest,
+    stats: StatsRecorder,
+) -> Result<Response, ApiError> {
+    if let Some(m) = &p.model
+        && !m.is_empty()
+        && *m != app.shared.cfg.model_name
+    {
+        return Err(unknown_model(&app, m));
+    }
+    let engine = Arc::clone(&app.engine);
+    let shared = Arc::clone(&app.shared);
+    let p2 = p.clone();
+    let prepared = tokio::task::spawn_blocking(move || prepare(&engine, &shared.cfg, &p2))
+        .await
+        .map_err(|e| ApiError::internal(format!("request preparation failed: {e}")))??;
+
+    // Admission: the running request plus `queue_size` waiting ones.
+    let limit = app.shared.cfg.queue_size + 1;
+    let admitted = app
+        .shared
+        .admitted
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < limit).then_some(n + 1)
+        });
+    if admitted.is_err() {
+        app.shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            format!(
+                "the server is busy: {} requests are already waiting; retry later",
+                app.shared.cfg.queue_size
+            ),
+        )
+        .with_code("queue_full"));
+    }
+    let (tx, rx) = unbounded_channel();
+    let job = Job {
+        prompt_ids: prepared.prompt_ids,
+        params: prepared.params,
+        stats: Some(stats),
+        split_reasoning: p.kind == ApiKind::Chat,
+        starts_thinking: prepared.starts_thinking,
+        events: tx,
+    };
+    let sent = app.jobs.lock().unwrap_or_else(|e| e.into_inner()).send(job);
+    if sent.is_err() {
+        app.shared.admitted.fetch_sub(1, Ordering::AcqRel);
+        return Err(ApiError::internal("the engine thread has stopped"));
+    }
+    let n = app.next_id.fetch_add(1, Ordering::Relaxed);
+    let prefix = match p.kind {
+        ApiKind::Chat => "chatcmpl",
+        ApiKind::Completion => "cmpl",
+    };
+    let meta = ResponseMeta {
+        id: format!("{prefix}-{:016x}{n:08x}", app.id_salt),
+        created: unix_now(),
+        model: app.shared.cfg.model_name.clone(),
+        kind: p.kind,
+        include_usage: p.stream && p.include_usage,
+    };
+    if p.stream {
+        Ok(stream_response(meta, rx))
+    } else {
+        collect_response(meta, rx).await
+    }
+}
+
+fn sse(v: &Value) -> Result<SseEvent, Infallible> {
+    Ok(SseEvent::default().data(v.to_string()))
+}
+
+/// Server-sent events: the role chunk, text chunks, the finish chunk, the usage chunk when
+/// asked for, then `[DONE]`. An engine failure mid-stream sends an error object and ends.
+fn stream_response(
+    meta: ResponseMeta,
+    rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
+) -> Response {
+    let head: Vec<Result<SseEvent, Infallible>> = meta.role_chunk().iter().map(sse).collect();
+    let events = UnboundedReceiverStream::new(rx).flat_map(move |ev| {
+        let mut out = Vec::new();
+        match ev {
+            Event::Text(Split { reasoning, content }) => {
+                if !reasoning.is_empty() {
+                    out.push(sse(&meta.text_chunk(&reasoning, true)));
+                }
+                if !content.is_empty() {
+                    out.push(sse(&meta.text_chunk(&content, false)));
+                }
+            }
+            Event::Done(o) => {
+                out.push(sse(&meta.finish_chunk(&o)));
+                if meta.include_usage {
+                    out.push(sse(&meta.usage_chunk(&o)));
+                }
+                out.push(Ok(SseEvent::default().data("[DONE]")));
+            }
+            Event::Failed(e) => out.push(sse(&e.body())),
+        }
+        stream::iter(out)
+    });
+    Sse::new(stream::iter(head).chain(events))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+async fn collect_response(
+    meta: ResponseMeta,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
+) -> Result<Response, ApiError> {
+    let mut reasoning = String::new();
+    let mut content = String::new();
+    let mut outcome: Option<Box<Outcome>> = None;
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Text(s) => {
+                reasoning.push_str(&s.reasoning);
+                content.push_str(&s.content);
+            }
+            Event::Done(o) => outcome = Some(o),
+            Event::Failed(e) => return Err(e),
+        }
+    }
+    let o = outcome.ok_or_else(|| ApiError::internal("the engine dropped the request"))?;
+    Ok(axum::Json(meta.full(&reasoning, &content, &o)).into_response())
+}
+
+/// A bound listener, ready to serve.
+pub struct Bound {
+    listener: std::net::TcpListener,
+    addr: SocketAddr,
+}
+
+impl Bound {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+/// Binds `host:port` (a clear error when the address is taken or invalid).
+pub fn bind(host: &str, port: u16) -> Result<Bound> {
+    let host_port = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    let listener = std::net::TcpListener::bind(&host_port).map_err(|e| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::AddrInUse => " (is another server running? pick another --port)",
+            std::io::ErrorKind::PermissionDenied => " (ports below 1024 need privileges)",
+            _ => "",
+        };
+        anyhow::anyhow!("cannot listen on {host_port}: {e}{hint}")
+    })?;
+    listener
+        .set_nonblocking(true)
+        .context("cannot make the listener non-blocking")?;
+    let addr = listener.local_addr()?;
+    Ok(Bound { listener, addr })
+}
+
+/// Keeps large allocations in their own mappings. Prefix-cache entries and the drafter's
+/// history are megabyte buffers allocated and freed as requests come and go; glibc's malloc
+/// raises its mmap threshold after the first such free and then serves them from its heap,
+/// whose fragmentation makes a long-running server's RSS creep. A fixed threshold returns
+/// every freed large buffer to the OS at once.
+fn pin_malloc_mmap_threshold() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        use std::ffi::c_int;
+        unsafe extern "C" {
+            fn mallopt(param: c_int, value: c_int) -> c_int;
+        }
+        const M_MMAP_THRESHOLD: c_int = -3;
+        // SAFETY: mallopt only tunes glibc's allocator; the value is in its valid range.
+        unsafe {
+            mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+        }
+    }
+}
+
+fn build_app(engine: Engine, cfg: ServerConfig) -> (Router, Arc<Shared>) {
+    pin_malloc_mmap_threshold();
+    let think = ThinkTokens {
+        open: special_token(&engine, THINK_OPEN),
+        close: special_token(&engine, THINK_CLOSE),
+    };
+    let max_body = cfg.max_body_bytes;
+    let shared = Arc::new(Shared {
+        cfg,
+        admitted: AtomicUsize::new(0),
+        counters: Counters::default(),
+        gate: Gate::default(),
+        cache_stats: Mutex::new(None),
+        think,
+    });
+    let engine = Arc::new(engine);
+    let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
+    {
+        let engine = Arc::clone(&engine);
+        let shared = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("yomi-engine".into())
+            .spawn(move || worker::run(engine, shared, jobs_rx))
+            .expect("cannot start the engine thread");
+    }
+    let app = Arc::new(App {
+        engine,
+        shared: Arc::clone(&shared),
+        jobs: Mutex::new(jobs_tx),
+        created: unix_now(),
+        next_id: AtomicU64::new(0),
+        id_salt: random_u64() & 0xffff_ffff_ffff,
+    });
+    let router = Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(Arc::clone(&app), auth))
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(app);
+    (router, shared)
+}
+
+/// A server running on background threads (tests, embedding).
+pub struct ServerHandle {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ServerHandle {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://addr`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Holds the engine thread before its next job (the running one finishes).
+    pub fn pause(&self) {
+        self.shared.gate.set(true);
+    }
+
+    pub fn resume(&self) {
+        self.shared.gate.set(false);
+    }
+
+    /// What `GET /health` reports.
+    pub fn health(&self) -> Value {
+        health_json(&self.shared)
+    }
+
+    /// Stops serving and waits for the server thread.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.resume();
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("yomi-http")
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// Serves on background threads from an already bound listener.
+pub fn spawn(engine: Engine, cfg: ServerConfig, bound: Bound) -> Result<ServerHandle> {
+    let (router, shared) = build_app(engine, cfg);
+    let rt = runtime()?;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let addr = bound.addr;
+    let listener = {
+        let _guard = rt.enter();
+        tokio::net::TcpListener::from_std(bound.listener)?
+    };
+    let thread = std::thread::Builder::new()
+        .name("yomi-server".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                let _ = axum::serve(listener, router)
+                    .with_graceful_shutdown(async move {
+                        let _ = rx.await;
+                    })
+                    .await;
+            });
+            rt.shutdown_timeout(Duration::from_secs(1));
+        })?;
+    Ok(ServerHandle {
+        addr,
+        shared,
+        shutdown: Some(tx),
+        thread: Some(thread),
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}
+
+/// Serves in the foreground until Ctrl-C or SIGTERM. `on_ready` runs once the server is
+/// listening (e.g. to print the address).
+pub fn run(
+    engine: Engine,
+    cfg: ServerConfig,
+    bound: Bound,
+    on_ready: impl FnOnce(SocketAddr),
+) -> Result<()> {
+    let (router, _shared) = build_app(engine, cfg);
+    let rt = runtime()?;
+    let addr = bound.addr;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::from_std(bound.listener)?;
+        on_ready(addr);
+        tokio::select! {
+            r = axum::serve(listener, router) => r.context("the server failed")?,
+            _ = shutdown_signal() => {}
+        }
+        anyhow::Ok(())
+    })?;
+    // Open streams are cut: their generations stop when their channels close.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    Ok(())
+}
+
+/// The name a model is served under by default: its directory or file name without the
+/// extension.
+pub fn default_model_name(path: &std::path::Path) -> String {
+    let name = if path.is_dir() {
+        path.file_name()
+    } else {
+        path.file_stem()
+    };
+    name.and_then(|n| n.to_str())
+        .filter(|n| !n.is_empty())
+        .unwrap_or("default")
+        .to_string()
+}

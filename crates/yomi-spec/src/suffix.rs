@@ -1,0 +1,925 @@
+//! A model-free drafter in the style of prompt lookup and SuffixDecoding (speculative.md
+//! §5.3–5.4): find the longest suffix of the context that occurred before, in this request or in
+//! earlier documents, and propose the most frequent continuations of its occurrences as a tree.
+//!
+//! **Index.** All indexed tokens live in one stream; documents (earlier requests, and the
+//! current request as the last one) are separated by a sentinel that never matches. For a few
+//! n-gram lengths n (the minimum match, then powers of two up to the maximum match) a hash of
+//! the n tokens ending at each position heads a chain through the earlier positions with the
+//! same hash (as in zlib's match finder). Appending a token costs one hash insertion per level
+//! (hashing at most `max_match` tokens each): O(1) amortised, whatever the history's length.
+//!
+//! **Match.** From the longest level down, walk the chain of the context's last n tokens (most
+//! recent first, at most `max_candidates` entries), measure each candidate's true backward match
+//! (capped at `max_match`) and keep the occurrences of the longest one. The first level with a
+//! genuine match wins: a longer match would have been found on a higher level. A round costs
+//! at most levels × `max_candidates` × `max_match` token comparisons to match and
+//! O(`max_occurrences` · budget + budget · log budget) to build the tree, independent of the
+//! history's length.
+//!
+//! **Tree.** The continuations of those occurrences (at most `max_occurrences`, most recent
+//! first) form a trie whose node counts are frequencies. A node's score estimates the
+//! probability that the target accepts it: its frequency (the fraction of occurrences that
+//! continue with its path) times a^depth, where a is the running per-token acceptance estimate
+//! (accepted drafts over accepted drafts plus rejections, decayed, from a prior). The drafter
+//! takes nodes best first — a child never scores above its parent, so the pick is a subtree —
+//! while each one raises the expected tokens per unit of verify cost, (1 + Σ p) / (1 + c · n)
+//! for n drafts whose extra rows cost c each relative to a one-row pass (the engine measures c:
+//! [`Drafter::set_row_cost`]), and writes them in depth-first preorder, most frequent child first.
+//!
+//! **Back-off.** When rejections drive the estimate down, no node pays for itself and the
+//! drafter stops proposing; after `min_pause` matched rounds without drafts it probes with its
+//! best node, and each failed probe doubles the wait (up to `max_pause`) while an accepted one
+//! resets it. Open-ended text thus costs an occasional one-draft pass, and a device where rows
+//! are expensive drafts only what is likely to be accepted.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+
+use crate::{DraftTree, Drafter};
+
+/// Separates documents in the token stream; never equal to a token id.
+const SEP: u32 = u32::MAX;
+/// "No position" in the chains and "no node" in the trie.
+const NONE: u32 = u32::MAX;
+
+/// splitmix64 finaliser.
+#[inline]
+fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The map keys are already well-mixed hashes: pass them through.
+#[derive(Default, Clone, Copy)]
+struct PreHashed(u64);
+
+impl Hasher for PreHashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = mix64(self.0 ^ b as u64);
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = x;
+    }
+}
+
+type HeadMap = HashMap<u64, u32, BuildHasherDefault<PreHashed>>;
+
+/// One n-gram length: the latest position of each n-gram hash, and per position the previous
+/// position with the same hash.
+#[derive(Clone, Debug)]
+struct Level {
+    n: usize,
+    head: HeadMap,
+    prev: Vec<u32>,
+}
+
+/// Settings of [`SuffixDrafter`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct SuffixConfig {
+    /// Longest context suffix matched, in tokens.
+    pub max_match: usize,
+    /// Shortest match that produces drafts.
+    pub min_match: usize,
+    /// Earlier positions examined per n-gram level, most recent first.
+    pub max_candidates: usize,
+    /// Occurrences of the matched suffix whose continuations form the tree, most recent first.
+    pub max_occurrences: usize,
+    /// A node joins the tree only when at least this fraction of the occurrences continue with
+    /// its path.
+    pub min_frequency: f32,
+    /// Drafts per round ≤ `spec_factor` × match length (a short match is weak evidence).
+    pub spec_factor: f32,
+    /// The cost of verifying one more row, relative to a one-row pass, until the caller
+    /// reports a measured one ([`Drafter::set_row_cost`]).
+    pub row_cost: f32,
+    /// Prior per-token acceptance probability, and its weight in pseudo-observations.
+    pub prior_accept: f32,
+    pub prior_weight: f32,
+    /// Weight of the past in the acceptance estimate, per observed round.
+    pub decay: f32,
+    /// Rounds with a match but no draft worth its cost before a probe; each failed probe
+    /// doubles the wait, up to `max_pause`; an accepted draft resets it.
+    pub min_pause: u32,
+    pub max_pause: u32,
+}
+
+impl Default for SuffixConfig {
+    fn default() -> Self {
+        SuffixConfig {
+            max_match: 32,
+            min_match: 2,
+            max_candidates: 64,
+            max_occurrences: 16,
+            min_frequency: 0.1,
+            spec_factor: 4.0,
+            row_cost: 0.1,
+            prior_accept: 0.6,
+            prior_weight: 4.0,
+            decay: 0.9,
+            min_pause: 8,
+            max_pause: 256,
+        }
+    }
+}
+
+/// A token stream indexed for longest-suffix matching (see the module notes).
+#[derive(Clone, Debug)]
+pub struct SuffixIndex {
+    tokens: Vec<u32>,
+    levels: Vec<Level>,
+    max_match: usize,
+    /// Tokens since the last separator (or the start).
+    run: usize,
+}
+
+impl SuffixIndex {
+    /// An empty index matching suffixes of `min_match..=max_match` tokens.
+    pub fn new(min_match: usize, max_match: usize) -> Self {
+        let min_match = min_match.max(1);
+        let max_match = max_match.max(min_match);
+        let mut ns = vec![min_match];
+        let mut p = 1usize;
+        while p <= max_match {
+            if p > min_match {
+                ns.push(p);
+            }
+            p *= 2;
+        }
+        SuffixIndex {
+            tokens: Vec::new(),
+            levels: ns
+                .into_iter()
+                .map(|n| Level {
+                    n,
+                    head: HeadMap::default(),
+                    prev: Vec::new(),
+                })
+                .collect(),
+            max_match,
+            run: 0,
+        }
+    }
+
+    /// Positions in the stream (tokens and separators).
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// The n-gram lengths indexed.
+    pub fn levels(&self) -> impl Iterator<Item = usize> + '_ {
+        self.levels.iter().map(|l| l.n)
+    }
+
+    /// Token at stream position `pos` (`None` for a document separator).
+    pub fn token(&self, pos: usize) -> Option<u32> {
+        let t = self.tokens[pos];
+        (t != SEP).then_some(t)
+    }
+
+    /// Appends one token to the current document.
+    pub fn push(&mut self, tok: u32) {
+        assert!(tok != SEP, "token id {tok} is reserved");
+        self.push_raw(tok);
+    }
+
+    fn push_raw(&mut self, tok: u32) {
+        let pos = self.tokens.len();
+        assert!(pos < NONE as usize, "suffix index is full");
+        self.tokens.push(tok);
+        if tok == SEP {
+            self.run = 0;
+        } else {
+            self.run += 1;
+        }
+        for lv in &mut self.levels {
+            let mut prev = NONE;
+            if self.run >= lv.n {
+                let mut h = lv.n as u64;
+                for &t in &self.tokens[pos + 1 - lv.n..=pos] {
+                    h = mix64(h ^ t as u64);
+                }
+                prev = lv.head.insert(h, pos as u32).unwrap_or(NONE);
+            }
+            lv.prev.push(prev);
+        }
+    }
+
+    /// Appends tokens to the current document.
+    pub fn extend(&mut self, toks: &[u32]) {
+        for &t in toks {
+            self.push(t);
+        }
+    }
+
+    /// Starts a new document: no match or continuation crosses the boundary.
+    pub fn begin_document(&mut self) {
+        if self.tokens.last().is_some_and(|&t| t != SEP) {
+            self.push_raw(SEP);
+        }
+    }
+
+    /// Adds a whole document (e.g. an earlier request's prompt and output).
+    pub fn add_document(&mut self, toks: &[u32]) {
+        self.begin_document();
+        self.extend(toks);
+        self.begin_document();
+    }
+
+    /// Length of the common suffix of the stream ending at `j` and at `q` (j < q), capped.
+    fn match_len(&self, j: usize, q: usize) -> usize {
+        let t = &self.tokens;
+        let mut k = 0;
+        while k < self.max_match && k <= j && t[j - k] == t[q - k] && t[j - k] != SEP {
+            k += 1;
+        }
+        k
+    }
+
+    /// Finds the longest suffix of the stream (ending at its last position) that also ends at
+    /// an earlier position followed by at least one token of the same document. Returns its
+    /// length (0: none of at least the minimum match) and fills `occ` with the end positions of
+    /// its occurrences, most recent first (at most `max_occ`; at most `max_candidates` chain
+    /// entries are examined per level).
+    pub fn find(&self, max_candidates: usize, max_occ: usize, occ: &mut Vec<u32>) -> usize {
+        occ.clear();
+        let Some(q) = self.tokens.len().checked_sub(1) else {
+            return 0;
+        };
+        if self.tokens[q] == SEP {
+            return 0;
+        }
+        for lv in self.levels.iter().rev() {
+            if self.run < lv.n {
+                continue;
+            }
+            let mut best = 0usize;
+            let mut j = lv.prev[q];
+            let mut seen = 0usize;
+            while j != NONE && seen < max_candidates {
+                let ju = j as usize;
+                let m = self.match_len(ju, q);
+                // m < n: a hash collision, not an occurrence.
+                if m >= lv.n && self.tokens[ju + 1] != SEP {
+                    if m > best {
+                        best = m;
+                        occ.clear();
+                    }
+                    if m == best && occ.len() < max_occ {
+                        occ.push(j);
+                    }
+                }
+                if best == self.max_match && occ.len() >= max_occ {
+                    break;
+                }
+                j = lv.prev[ju];
+                seen += 1;
+            }
+            if best >= lv.n {
+                return best;
+            }
+        }
+        occ.clear();
+        0
+    }
+}
+
+/// Counters of a [`SuffixDrafter`] (for stats and tests).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SuffixStats {
+    /// `propose` calls.
+    pub rounds: u64,
+    /// Rounds that found a match.
+    pub matched_rounds: u64,
+    /// Rounds that proposed at least one draft.
+    pub drafted_rounds: u64,
+    /// Of those, rounds that were due for a probe (drafting the best node even if no node
+    /// seemed worth its cost).
+    pub probes: u64,
+    /// Drafts proposed and accepted, as reported by `observe`.
+    pub proposed: u64,
+    pub accepted: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Node {
+    token: u32,
+    count: u32,
+    depth: u32,
+    first_child: u32,
+    next_sibling: u32,
+    selected: bool,
+}
+
+/// The suffix drafter: see the module notes. Share history between requests with
+/// [`add_history`](Self::add_history).
+#[derive(Clone, Debug)]
+pub struct SuffixDrafter {
+    cfg: SuffixConfig,
+    index: SuffixIndex,
+    /// The current request is the stream's tail from `req_start`, `req_len` tokens so far.
+    req_start: usize,
+    req_len: usize,
+    in_request: bool,
+    // Scratch, reused every round.
+    occ: Vec<u32>,
+    nodes: Vec<Node>,
+    heap: BinaryHeap<(u32, Reverse<u32>, Reverse<u32>)>,
+    stack: Vec<(u32, u32)>,
+    kids: Vec<u32>,
+    // Cost model and acceptance estimate.
+    row_cost: f32,
+    /// Decayed accepted drafts and acceptance trials (accepted drafts plus rejections).
+    succ: f32,
+    trials: f32,
+    /// Depth of the last proposal (a walk that stops above it was a rejection).
+    last_depth: u32,
+    last_probe: bool,
+    /// Matched rounds without drafts since the last proposal, and the wait before a probe.
+    idle: u32,
+    pause_len: u32,
+    stats: SuffixStats,
+}
+
+impl Default for SuffixDrafter {
+    fn default() -> Self {
+        Self::new(SuffixConfig::default())
+    }
+}
+
+impl SuffixDrafter {
+    pub fn new(cfg: SuffixConfig) -> Self {
+        let index = SuffixIndex::new(cfg.min_match, cfg.max_match);
+        let mut d = SuffixDrafter {
+            index,
+            req_start: 0,
+            req_len: 0,
+            in_request: false,
+            occ: Vec::new(),
+            nodes: Vec::new(),
+            heap: BinaryHeap::new(),
+            stack: Vec::new(),
+            kids: Vec::new(),
+            row_cost: cfg.row_cost,
+            succ: 0.0,
+            trials: 0.0,
+            last_depth: 0,
+            last_probe: false,
+            idle: 0,
+            pause_len: 1,
+            stats: SuffixStats::default(),
+            cfg,
+        };
+        d.reset_estimates();
+        d
+    }
+
+    fn reset_estimates(&mut self) {
+        self.succ = self.cfg.prior_accept * self.cfg.prior_weight;
+        self.trials = self.cfg.prior_weight;
+        self.idle = 0;
+        self.pause_len = self.cfg.min_pause.max(1);
+        self.last_depth = 0;
+        self.last_probe = false;
+    }
+
+    pub fn config(&self) -> &SuffixConfig {
+        &self.cfg
+    }
+
+    pub fn index(&self) -> &SuffixIndex {
+        &self.index
+    }
+
+    pub fn stats(&self) -> SuffixStats {
+        self.stats
+    }
+
+    /// The running estimate of the probability that a draft continues an accepted path.
+    pub fn accept_estimate(&self) -> f32 {
+        (self.succ / self.trials.max(1e-6)).clamp(0.01, 0.99)
+    }
+
+    /// Adds an earlier request's tokens (prompt and output) to the shared history.
+    pub fn add_history(&mut self, tokens: &[u32]) {
+        self.index.add_document(tokens);
+        self.in_request = false;
+    }
+
+    /// Brings the index up to `context`: appends its new tokens when it continues the current
+    /// request (checked on its first and last known tokens), else starts a new request.
+    fn sync(&mut self, context: &[u32]) {
+        let toks = &self.index.tokens;
+        let n = self.req_len;
+        let continues = self.in_request
+            && self.req_start + n == toks.len()
+            && context.len() >= n
+            && (n == 0
+                || (context[0] == toks[self.req_start]
+                    && context[n - 1] == toks[self.req_start + n - 1]));
+        if !continues {
+            self.index.begin_document();
+            self.req_start = self.index.len();
+            self.req_len = 0;
+            self.in_request = true;
+            self.reset_estimates();
+        }
+        self.index.extend(&context[self.req_len..]);
+        self.req_len = context.len();
+    }
+
+    /// Builds the continuation trie of the occurrences in `self.occ` down to depth `budget` and
+    /// writes the nodes worth verifying into `out` (already reset to the root): best first by
+    /// estimated acceptance probability p = frequency × a^depth (a = the acceptance estimate),
+    /// while a node raises the expected tokens per unit of verify cost,
+    /// (1 + Σp) / (1 + row_cost · drafts), up to `budget` nodes. A probe takes the best
+    /// `probe` nodes regardless of cost. Returns the drafts written.
+    fn build(&mut self, budget: usize, probe: usize, out: &mut DraftTree) -> usize {
+        let kappa = self.accept_estimate();
+        let r = self.row_cost;
+        let Self {
+            index,
+            occ,
+            nodes,
+            heap,
+            stack,
+            kids,
+            cfg,
+            ..
+        } = self;
+        let toks = &index.tokens;
+        nodes.clear();
+        nodes.push(Node {
+            token: out.tokens()[0],
+            count: occ.len() as u32,
+            depth: 0,
+            first_child: NONE,
+            next_sibling: NONE,
+            selected: true,
+        });
+        for &j in occ.iter() {
+            let mut cur = 0usize;
+            for d in 1..=budget {
+                let pos = j as usize + d;
+                if pos >= toks.len() || toks[pos] == SEP {
+                    break;
+                }
+                let tok = toks[pos];
+                let mut c = nodes[cur].first_child;
+                let mut last = NONE;
+                while c != NONE && nodes[c as usize].token != tok {
+                    last = c;
+                    c = nodes[c as usize].next_sibling;
+                }
+                if c == NONE {
+                    c = nodes.len() as u32;
+                    nodes.push(Node {
+                        token: tok,
+                        count: 0,
+                        depth: d as u32,
+                        first_child: NONE,
+                        next_sibling: NONE,
+                        selected: false,
+                    });
+                    if last == NONE {
+                        nodes[cur].first_child = c;
+                    } else {
+                        nodes[last as usize].next_sibling = c;
+                    }
+                }
+                nodes[c as usize].count += 1;
+                cur = c as usize;
+            }
+        }
+        // Best-first selection; a child never scores above its parent and is queued only once
+        // its parent is taken, so the pick is a subtree.
+        let n_occ = occ.len() as f32;
+        let min_count = ((cfg.min_frequency * n_occ).ceil() as u32).max(1);
+        let score = |n: &Node| n.count as f32 / n_occ * kappa.powi(n.depth as i32);
+        heap.clear();
+        let push_children = |heap: &mut BinaryHeap<_>, nodes: &[Node], p: usize| {
+            let mut c = nodes[p].first_child;
+            while c != NONE {
+                let n = &nodes[c as usize];
+                if n.count >= min_count {
+                    // Non-negative floats order like their bits.
+                    heap.push((score(n).to_bits(), Reverse(n.depth), Reverse(c)));
+                }
+                c = n.next_sibling;
+            }
+        };
+        push_children(heap, nodes, 0);
+        let (mut chosen, mut expected) = (0usize, 1.0f32);
+        while chosen < budget {
+            let Some(&(bits, _, Reverse(c))) = heap.peek() else {
+                break;
+            };
+            let p = f32::from_bits(bits);
+            // Adding a row of probability p pays iff p / r ≥ expected / (1 + r · chosen).
+            if chosen >= probe && p * (1.0 + r * chosen as f32) < r * expected {
+                break;
+            }
+            heap.pop();
+            nodes[c as usize].selected = true;
+            chosen += 1;
+            expected += p;
+            push_children(heap, nodes, c as usize);
+        }
+        if chosen == 0 {
+            return 0;
+        }
+        // Depth-first preorder, most frequent child first (ties: the more recent occurrence).
+        let selected_children = |kids: &mut Vec<u32>, nodes: &[Node], p: usize| {
+            kids.clear();
+            let mut c = nodes[p].first_child;
+            while c != NONE {
+                if nodes[c as usize].selected {
+                    kids.push(c);
+                }
+                c = nodes[c as usize].next_sibling;
+            }
+            kids.sort_unstable_by_key(|&k| (Reverse(nodes[k as usize].count), k));
+        };
+        stack.clear();
+        selected_children(kids, nodes, 0);
+        stack.extend(kids.iter().rev().map(|&k| (k, 0u32)));
+        while let Some((node, parent_row)) = stack.pop() {
+            let row = out.push(parent_row as usize, nodes[node as usize].token);
+            selected_children(kids, nodes, node as usize);
+            stack.extend(kids.iter().rev().map(|&k| (k, row as u32)));
+        }
+        chosen
+    }
+}
+
+impl Drafter for SuffixDrafter {
+    fn propose(&mut self, context: &[u32], budget: usize, out: &mut DraftTree) {
+        let Some(&root) = context.last() else {
+            return;
+        };
+        out.reset(root);
+        self.sync(context);
+        self.stats.rounds += 1;
+        self.last_depth = 0;
+        self.last_probe = false;
+        if budget == 0 {
+            return;
+        }
+        let m = self.index.find(
+            self.cfg.max_candidates,
+            self.cfg.max_occurrences,
+            &mut self.occ,
+        );
+        if m < self.cfg.min_match || self.occ.is_empty() {
+            return;
+        }
+        self.stats.matched_rounds += 1;
+        let by_match = ((self.cfg.spec_factor * m as f32).ceil() as usize).max(1);
+        let budget = budget.min(by_match);
+        // After enough matched rounds without drafts, probe with the best node.
+        let probe = usize::from(self.idle >= self.pause_len);
+        let n = self.build(budget, probe, out);
+        if n == 0 {
+            self.idle += 1;
+            return;
+        }
+        self.stats.drafted_rounds += 1;
+        self.last_depth = out.max_depth();
+        self.last_probe = probe > 0;
+        if self.last_probe {
+            self.stats.probes += 1;
+        }
+        self.idle = 0;
+    }
+
+    fn observe(&mut self, accepted_drafts: usize, proposed: usize) {
+        if proposed == 0 {
+            return;
+        }
+        let a = accepted_drafts.min(proposed);
+        self.stats.proposed += proposed as u64;
+        self.stats.accepted += a as u64;
+        // Each accepted draft is a success; a walk that stopped above the deepest row was a
+        // rejection (at a leaf it was not tested).
+        let rejected = (a as u32) < self.last_depth;
+        let g = self.cfg.decay;
+        self.succ = g * self.succ + a as f32;
+        self.trials = g * self.trials + a as f32 + f32::from(u8::from(rejected));
+        if a > 0 {
+            self.pause_len = self.cfg.min_pause.max(1);
+        } else if self.last_probe {
+            self.pause_len = self
+                .pause_len
+                .saturating_mul(2)
+                .min(self.cfg.max_pause.max(1));
+        }
+    }
+
+    /// The next `propose` starts a new request (the old one's tokens stay in the history) and
+    /// the acceptance estimate starts afresh.
+    fn start_request(&mut self) {
+        self.in_request = false;
+    }
+
+    fn set_row_cost(&mut self, relative: f32) {
+        if relative.is_finite() {
+            self.row_cost = relative.clamp(0.0, 16.0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic pseudo-random tokens over a small alphabet.
+    fn lcg_tokens(seed: u64, n: usize, alphabet: u32) -> Vec<u32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 33) % alphabet as u64) as u32
+            })
+            .collect()
+    }
+
+    /// Brute force: the longest earlier-ending suffix match (capped) and all its end positions,
+    /// most recent first.
+    fn brute(toks: &[u32], min: usize, cap: usize) -> (usize, Vec<u32>) {
+        let q = toks.len() - 1;
+        let mut best = 0;
+        let mut occ = Vec::new();
+        for j in (0..q).rev() {
+            let mut k = 0;
+            while k < cap && k <= j && toks[j - k] == toks[q - k] {
+                k += 1;
+            }
+            if k < min {
+                continue;
+            }
+            if k > best {
+                best = k;
+                occ.clear();
+            }
+            if k == best {
+                occ.push(j as u32);
+            }
+        }
+        (best, occ)
+    }
+
+    #[test]
+    fn finds_the_longest_match() {
+        // [1 2 3 4] occurs once before (followed by 9); [5 2 3 4] shares only [2 3 4].
+        let mut ix = SuffixIndex::new(2, 32);
+        ix.extend(&[1, 2, 3, 4, 9, 5, 2, 3, 4, 8, 1, 2, 3, 4]);
+        let mut occ = Vec::new();
+        assert_eq!(ix.find(64, 16, &mut occ), 4);
+        assert_eq!(occ, [3]);
+        // No earlier occurrence of the last two tokens.
+        ix.push(7);
+        assert_eq!(ix.find(64, 16, &mut occ), 0);
+        assert!(occ.is_empty());
+        // A one-token match is below the minimum.
+        ix.push(1);
+        assert_eq!(ix.find(64, 16, &mut occ), 0);
+    }
+
+    #[test]
+    fn matches_brute_force_on_random_streams() {
+        for seed in 0..40u64 {
+            let alphabet = 2 + (seed % 5) as u32;
+            let toks = lcg_tokens(seed, 50 + (seed as usize * 7) % 300, alphabet);
+            for (min, cap) in [(1, 32), (2, 32), (3, 8)] {
+                let mut ix = SuffixIndex::new(min, cap);
+                ix.extend(&toks);
+                let mut occ = Vec::new();
+                let got = ix.find(usize::MAX, usize::MAX, &mut occ);
+                let (want, want_occ) = brute(&toks, min, cap);
+                assert_eq!(got, want, "seed {seed} min {min} cap {cap}");
+                if want > 0 {
+                    assert_eq!(occ, want_occ, "seed {seed} min {min} cap {cap}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn documents_do_not_leak_into_each_other() {
+        let mut ix = SuffixIndex::new(1, 32);
+        ix.add_document(&[4, 5, 6]);
+        ix.add_document(&[7, 8]);
+        ix.begin_document();
+        ix.extend(&[9, 4, 5]);
+        let mut occ = Vec::new();
+        // [4 5] matches the first document, ending at its position 1 (followed by 6); the
+        // separator before it stops the match from growing to [9 4 5].
+        assert_eq!(ix.find(64, 16, &mut occ), 2);
+        assert_eq!(occ, [1]);
+        assert_eq!(ix.token(occ[0] as usize + 1), Some(6));
+        // [4 5 6] and its suffixes only occur at the end of a document: nothing follows there.
+        ix.push(6);
+        assert_eq!(ix.find(64, 16, &mut occ), 0);
+        // [8] is followed by a separator in the second document, never by the next one's 9.
+        ix.push(7);
+        ix.push(8);
+        assert_eq!(ix.find(64, 16, &mut occ), 0);
+    }
+
+    fn drafter(cfg: SuffixConfig) -> SuffixDrafter {
+        SuffixDrafter::new(cfg)
+    }
+
+    /// A drafter for which verifying rows is (almost) free: its trees are limited by the
+    /// frequencies and the budget only.
+    fn free_rows() -> SuffixDrafter {
+        let mut d = drafter(SuffixConfig::default());
+        d.set_row_cost(0.0);
+        d
+    }
+
+    #[test]
+    fn tree_follows_continuation_frequencies() {
+        let mut d = free_rows();
+        // [5 6] continues with 7 7, 7 8 and 9 in three earlier documents; each is preceded by a
+        // different token, so all three are matches of length 2.
+        d.add_history(&[1, 5, 6, 7, 7]);
+        d.add_history(&[2, 5, 6, 7, 8]);
+        d.add_history(&[3, 5, 6, 9]);
+        let mut t = DraftTree::new();
+        d.propose(&[4, 5, 6], 16, &mut t);
+        t.check().unwrap();
+        // 7 (2 of 3) first, its children 8 (more recent) then 7, then 9.
+        assert_eq!(t.tokens(), &[6, 7, 8, 7, 9]);
+        assert_eq!(t.parents(), &[-1, 0, 1, 1, 0]);
+        // Budget 1: the most frequent continuation only; budget 2: 9 (depth 1) beats the
+        // depth-2 nodes of equal frequency.
+        d.propose(&[4, 5, 6], 1, &mut t);
+        assert_eq!(t.tokens(), &[6, 7]);
+        d.propose(&[4, 5, 6], 2, &mut t);
+        assert_eq!(t.tokens(), &[6, 7, 9]);
+        assert_eq!(t.parents(), &[-1, 0, 0]);
+    }
+
+    #[test]
+    fn earlier_requests_are_shared_history() {
+        let mut d = free_rows();
+        let mut t = DraftTree::new();
+        d.propose(&[1, 2, 3, 4, 5, 6], 8, &mut t);
+        d.start_request();
+        // The new request's [3 4] continued with 5 6 in the first one.
+        d.propose(&[9, 3, 4], 8, &mut t);
+        assert_eq!(t.tokens(), &[4, 5, 6]);
+        // Documents added by a server count too.
+        d.add_history(&[7, 8, 4, 10]);
+        d.propose(&[9, 3, 4, 11, 8, 4], 8, &mut t);
+        assert_eq!(t.tokens(), &[4, 10]);
+    }
+
+    #[test]
+    fn repetition_gives_a_chain_within_budget() {
+        let period = [11, 12, 13, 14, 15, 16, 17];
+        let ctx: Vec<u32> = (0..100).map(|i| period[i % 7]).collect();
+        let mut d = free_rows();
+        let mut t = DraftTree::new();
+        d.propose(&ctx, 16, &mut t);
+        t.check().unwrap();
+        assert!(t.is_chain());
+        assert_eq!(t.num_drafts(), 16);
+        let want: Vec<u32> = (100..116).map(|i| period[i % 7]).collect();
+        assert_eq!(&t.tokens()[1..], &want[..]);
+        for budget in [1, 3, 9] {
+            d.propose(&ctx, budget, &mut t);
+            assert_eq!(t.num_drafts(), budget);
+        }
+    }
+
+    #[test]
+    fn random_trees_are_well_formed_and_within_budget() {
+        for seed in 0..30u64 {
+            let toks = lcg_tokens(seed, 400, 3 + (seed % 4) as u32);
+            let mut d = drafter(SuffixConfig::default());
+            let mut t = DraftTree::new();
+            for end in (10..toks.len()).step_by(13) {
+                let budget = 1 + (end % 24);
+                d.propose(&toks[..end], budget, &mut t);
+                t.check().unwrap();
+                assert_eq!(t.root(), Some(toks[end - 1]));
+                assert!(t.num_drafts() <= budget, "{} > {budget}", t.num_drafts());
+                // Keep drafting on: report everything accepted.
+                d.observe(t.num_drafts(), t.num_drafts());
+            }
+        }
+    }
+
+    #[test]
+    fn incremental_indexing_equals_a_fresh_index() {
+        let toks = lcg_tokens(7, 300, 4);
+        let mut inc = free_rows();
+        let mut t = DraftTree::new();
+        for end in 1..toks.len() {
+            inc.propose(&toks[..end], 8, &mut t);
+        }
+        inc.propose(&toks, 8, &mut t);
+        let mut fresh = free_rows();
+        let mut t2 = DraftTree::new();
+        fresh.propose(&toks, 8, &mut t2);
+        assert_eq!(t.tokens(), t2.tokens());
+        assert_eq!(t.parents(), t2.parents());
+        assert_eq!(inc.index().len(), toks.len());
+        // A different context starts a new request (the old one stays as history).
+        inc.propose(&[3, 2, 1], 8, &mut t);
+        assert_eq!(inc.index().len(), toks.len() + 1 + 3);
+    }
+
+    #[test]
+    fn backs_off_when_drafts_are_rejected_and_probes_again() {
+        let period = [1, 2, 3, 4, 5];
+        let ctx: Vec<u32> = (0..60).map(|i| period[i % 5]).collect();
+        let mut d = drafter(SuffixConfig::default());
+        let mut t = DraftTree::new();
+        let (mut drafted, mut proposed) = (0, 0);
+        for _ in 0..300 {
+            d.propose(&ctx, 16, &mut t);
+            if t.num_drafts() > 0 {
+                drafted += 1;
+                proposed += t.num_drafts();
+            }
+            d.observe(0, t.num_drafts());
+        }
+        let s = d.stats();
+        assert!(s.probes >= 3, "it keeps probing: {s:?}");
+        assert!(
+            drafted <= 25 && proposed <= 60,
+            "it backs off: {drafted} drafted rounds of 300, {proposed} drafts, {s:?}"
+        );
+        assert_eq!(s.drafted_rounds, drafted);
+        assert_eq!(s.matched_rounds, 300);
+        assert!(d.accept_estimate() < 0.1, "{}", d.accept_estimate());
+        // Accepted probes bring drafting back, and the trees grow with the estimate.
+        let mut resumed = 0;
+        for _ in 0..600 {
+            d.propose(&ctx, 16, &mut t);
+            let n = t.num_drafts();
+            if n > 0 {
+                resumed += 1;
+            }
+            d.observe(n, n);
+            if resumed > 20 {
+                break;
+            }
+        }
+        assert!(resumed > 20, "drafting resumes after accepts");
+        assert!(
+            t.num_drafts() >= 8,
+            "the trees grow back: {}",
+            t.num_drafts()
+        );
+    }
+
+    #[test]
+    fn row_cost_sizes_the_tree() {
+        let period = [1, 2, 3, 4, 5, 6, 7, 8, 9];
+        let ctx: Vec<u32> = (0..90).map(|i| period[i % 9]).collect();
+        let mut d = drafter(SuffixConfig::default());
+        let mut t = DraftTree::new();
+        // Learn that drafts are usually right (9 of 10 rounds fully accepted).
+        for i in 0..40 {
+            d.propose(&ctx, 16, &mut t);
+            let n = t.num_drafts();
+            d.observe(if i % 10 == 0 { 0 } else { n }, n);
+        }
+        let a = d.accept_estimate();
+        assert!(a > 0.8, "{a}");
+        let mut sizes = Vec::new();
+        for cost in [0.0, 0.05, 0.3, 1.0, 10.0] {
+            d.set_row_cost(cost);
+            d.propose(&ctx, 16, &mut t);
+            t.check().unwrap();
+            sizes.push(t.num_drafts());
+        }
+        assert_eq!(sizes[0], 16, "{sizes:?}");
+        assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "{sizes:?}");
+        assert!(sizes[3] < sizes[1], "{sizes:?}");
+        assert_eq!(sizes[4], 0, "rows ten times the pass never pay: {sizes:?}");
+        // A fresh drafter on a device where a row costs as much as a pass drafts nothing yet.
+        let mut fresh = drafter(SuffixConfig::default());
+        fresh.set_row_cost(1.0);
+        fresh.propose(&ctx, 16, &mut t);
+        assert_eq!(t.num_drafts(), 0);
+    }
+}
