@@ -6,8 +6,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use std::io::{BufRead, IsTerminal, Write};
 use std::sync::Mutex;
-use yomi_core::SamplerParams;
-use yomi_engine::generate::{DEFAULT_DRAFT_BUDGET, DraftMode, GenerateHooks, MAX_DRAFT_BUDGET};
+use yomi_engine::generate::{DraftMode, GenerateHooks};
 use yomi_engine::prefix_cache::{PrefixCache, PrefixCacheConfig};
 use yomi_engine::stats::{GenerationStats, StatsRecorder};
 use yomi_engine::template::ChatMessage;
@@ -17,45 +16,28 @@ use yomi_server::reasoning::{
 };
 use yomi_spec::{Drafter, SuffixDrafter};
 
-use crate::common::{ModelArgs, load_engine};
+use crate::common::{DraftArgs, ModelArgs, SamplingArgs, load_engine};
 
 #[derive(Args, Debug)]
 pub struct ChatArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub drafting: DraftArgs,
     /// A system message to start the conversation with.
     #[arg(long, value_name = "TEXT")]
     pub system: Option<String>,
     /// Most tokens per reply.
     #[arg(long, default_value_t = 2048, value_name = "N")]
     pub max_tokens: usize,
-    /// Sampling temperature; 0 = greedy (default: the model's generation_config, else 0).
-    #[arg(long, value_name = "T")]
-    pub temperature: Option<f32>,
-    /// Keep only the K most likely tokens (0 = off).
-    #[arg(long, value_name = "K")]
-    pub top_k: Option<usize>,
-    /// Keep the smallest set of tokens whose probability reaches P (1 = off).
-    #[arg(long, value_name = "P")]
-    pub top_p: Option<f32>,
-    /// Drop tokens less likely than MIN_P × the most likely one (0 = off).
-    #[arg(long, value_name = "P")]
-    pub min_p: Option<f32>,
-    /// Seed of the sampling noise (default: random).
-    #[arg(long, value_name = "N")]
-    pub seed: Option<u64>,
     /// Ask a thinking model to answer without thinking.
     #[arg(long)]
     pub no_think: bool,
     /// Turn the prefix cache off: every turn prefills the whole conversation.
     #[arg(long)]
     pub no_prefix_cache: bool,
-    /// Speculative drafter: none or suffix (lossless either way).
-    #[arg(long, default_value = "suffix", value_name = "MODE", value_parser = ["none", "suffix"])]
-    pub draft: String,
-    /// Most draft tokens verified per pass (1..=64).
-    #[arg(long, default_value_t = DEFAULT_DRAFT_BUDGET, value_name = "N")]
-    pub draft_budget: usize,
 }
 
 const HELP: &str =
@@ -160,27 +142,8 @@ fn short_stats(s: &GenerationStats, cached: usize) -> String {
     line
 }
 
-fn random_seed() -> u64 {
-    use std::collections::hash_map::RandomState;
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    h.finish()
-}
-
 pub fn run(a: ChatArgs) -> Result<()> {
-    if !(1..=MAX_DRAFT_BUDGET).contains(&a.draft_budget) {
-        bail!(
-            "--draft-budget must be in 1..={MAX_DRAFT_BUDGET}, got {}",
-            a.draft_budget
-        );
-    }
-    let draft = a.draft.parse::<DraftMode>().map_err(anyhow::Error::msg)?;
+    let draft = a.drafting.draft;
     let engine = load_engine(&a.model)?;
     let Some(template) = engine.template.clone() else {
         bail!(
@@ -188,15 +151,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
             a.model.model.display()
         );
     };
-    let d = &engine.defaults;
-    let sampler = SamplerParams {
-        temperature: a.temperature.or(d.temperature).unwrap_or(0.0),
-        top_k: a.top_k.or(d.top_k).unwrap_or(0),
-        top_p: a.top_p.or(d.top_p).unwrap_or(1.0),
-        min_p: a.min_p.or(d.min_p).unwrap_or(0.0),
-        seed: a.seed.unwrap_or_else(random_seed),
-    };
-    sampler.validate().map_err(anyhow::Error::msg)?;
+    let sampler = a.sampling.sampler(&engine.defaults)?;
     let enable_thinking = a.no_think.then_some(false);
     let mut cache = (!a.no_prefix_cache).then(|| PrefixCache::new(PrefixCacheConfig::default()));
     let mut state = engine.new_state();
@@ -292,7 +247,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
             sampler: sampler.clone(),
             stop: Vec::new(),
             draft,
-            draft_budget: a.draft_budget,
+            draft_budget: a.drafting.draft_budget,
         };
         let printer = Mutex::new(Printer {
             splitter: ReasoningSplitter::new(starts_thinking),

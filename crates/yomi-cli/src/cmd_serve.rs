@@ -3,16 +3,17 @@
 use anyhow::{Result, bail};
 use clap::Args;
 use std::time::Duration;
-use yomi_engine::generate::{DEFAULT_DRAFT_BUDGET, DraftMode, MAX_DRAFT_BUDGET};
 use yomi_engine::prefix_cache::PrefixCacheConfig;
 use yomi_server::{DEFAULT_QUEUE_SIZE, ServerConfig};
 
-use crate::common::{ModelArgs, load_engine};
+use crate::common::{DraftArgs, ModelArgs, load_engine};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub drafting: DraftArgs,
     /// Address to listen on (loopback by default; 0.0.0.0 exposes the server to the network).
     #[arg(long, default_value = "127.0.0.1", value_name = "ADDR")]
     pub host: String,
@@ -37,12 +38,6 @@ pub struct ServeArgs {
     /// Largest request body, in MiB (413 beyond).
     #[arg(long, default_value_t = 8, value_name = "MIB")]
     pub max_body_mb: usize,
-    /// Speculative drafter: none or suffix (lossless either way).
-    #[arg(long, default_value = "suffix", value_name = "MODE", value_parser = ["none", "suffix"])]
-    pub draft: String,
-    /// Most draft tokens verified per pass (1..=64).
-    #[arg(long, default_value_t = DEFAULT_DRAFT_BUDGET, value_name = "N")]
-    pub draft_budget: usize,
     /// Testing aid: sleep this many milliseconds after every streamed piece of text.
     #[arg(long, value_name = "MS", hide = true)]
     pub debug_token_delay_ms: Option<u64>,
@@ -51,12 +46,6 @@ pub struct ServeArgs {
 pub fn run(mut a: ServeArgs) -> Result<()> {
     if a.api_key.is_none() {
         a.api_key = std::env::var("YOMI_API_KEY").ok().filter(|k| !k.is_empty());
-    }
-    if !(1..=MAX_DRAFT_BUDGET).contains(&a.draft_budget) {
-        bail!(
-            "--draft-budget must be in 1..={MAX_DRAFT_BUDGET}, got {}",
-            a.draft_budget
-        );
     }
     if a.max_body_mb == 0 {
         bail!("--max-body-mb must be at least 1");
@@ -80,8 +69,8 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         }),
         queue_size: a.queue_size,
         max_body_bytes: a.max_body_mb << 20,
-        draft: a.draft.parse::<DraftMode>().map_err(anyhow::Error::msg)?,
-        draft_budget: a.draft_budget,
+        draft: a.drafting.draft,
+        draft_budget: a.drafting.draft_budget,
         token_delay: a.debug_token_delay_ms.map(Duration::from_millis),
     };
     let ctx = engine.context_size;
@@ -93,7 +82,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     yomi_server::run(engine, cfg, bound, |addr| {
         eprintln!(
             "yomi: serving `{name}` on http://{addr} (context {ctx}, prefix cache {cache}, queue {}, draft {})",
-            a.queue_size, a.draft
+            a.queue_size, a.drafting.draft
         );
     })
 }

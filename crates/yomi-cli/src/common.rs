@@ -4,6 +4,9 @@ use anyhow::Result;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
+use yomi_core::SamplerParams;
+use yomi_engine::generate::{DEFAULT_DRAFT_BUDGET, DraftMode, MAX_DRAFT_BUDGET};
+use yomi_engine::template::GenerationDefaults;
 use yomi_engine::{Engine, EngineOptions};
 
 #[derive(Args, Clone, Debug)]
@@ -43,4 +46,75 @@ pub fn load_engine(m: &ModelArgs) -> Result<Engine> {
     });
     bar.finish_and_clear();
     engine
+}
+
+/// Sampling flags shared by `run` and `chat`.
+#[derive(Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// Sampling temperature; 0 = greedy (default: the model's generation_config, else 0).
+    #[arg(long, value_name = "T")]
+    pub temperature: Option<f32>,
+    /// Keep only the K most likely tokens (0 = off).
+    #[arg(long, value_name = "K")]
+    pub top_k: Option<usize>,
+    /// Keep the smallest set of tokens whose probability reaches P (1 = off).
+    #[arg(long, value_name = "P")]
+    pub top_p: Option<f32>,
+    /// Drop tokens less likely than MIN_P × the most likely one (0 = off).
+    #[arg(long, value_name = "P")]
+    pub min_p: Option<f32>,
+    /// Seed of the sampling noise: the same seed gives the same output (default: random).
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    /// The sampler: flags first, then the model's generation defaults, then greedy.
+    pub fn sampler(&self, d: &GenerationDefaults) -> Result<SamplerParams> {
+        let p = SamplerParams {
+            temperature: self.temperature.or(d.temperature).unwrap_or(0.0),
+            top_k: self.top_k.or(d.top_k).unwrap_or(0),
+            top_p: self.top_p.or(d.top_p).unwrap_or(1.0),
+            min_p: self.min_p.or(d.min_p).unwrap_or(0.0),
+            seed: self.seed.unwrap_or_else(random_seed),
+        };
+        p.validate().map_err(anyhow::Error::msg)?;
+        Ok(p)
+    }
+}
+
+/// Speculative-decoding flags shared by `run`, `chat` and `serve`.
+#[derive(Args, Clone, Debug)]
+pub struct DraftArgs {
+    /// Speculative drafter: `suffix` (model-free, backs off when it does not pay) or `none`.
+    /// Lossless either way: the output is the same token for token.
+    #[arg(long, default_value = "suffix", value_name = "MODE", value_parser = clap::value_parser!(DraftMode))]
+    pub draft: DraftMode,
+    /// Most draft tokens verified per pass (1..=64).
+    #[arg(long, default_value_t = DEFAULT_DRAFT_BUDGET, value_name = "N", value_parser = parse_draft_budget)]
+    pub draft_budget: usize,
+}
+
+fn parse_draft_budget(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("expected a whole number, got {s:?}"))?;
+    if !(1..=MAX_DRAFT_BUDGET).contains(&n) {
+        return Err(format!("must be in 1..={MAX_DRAFT_BUDGET}, got {n}"));
+    }
+    Ok(n)
+}
+
+/// A seed for requests that give none (still reproducible within the request).
+pub fn random_seed() -> u64 {
+    use std::collections::hash_map::RandomState;
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.finish()
 }
