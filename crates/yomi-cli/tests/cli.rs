@@ -423,3 +423,38 @@ fn perplexity_runs_and_rejects_bad_files() {
     ]);
     assert_clean_error(&o, "is empty");
 }
+
+/// A minimal GGUF v3 file: no tensors, one string metadata entry `general.architecture`.
+fn tiny_gguf(arch: &str) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend(0u64.to_le_bytes()); // tensors
+    b.extend(1u64.to_le_bytes()); // metadata entries
+    let key = b"general.architecture";
+    b.extend((key.len() as u64).to_le_bytes());
+    b.extend(key);
+    b.extend(8u32.to_le_bytes()); // string
+    b.extend((arch.len() as u64).to_le_bytes());
+    b.extend(arch.as_bytes());
+    b
+}
+
+#[test]
+fn gguf_unknown_architecture_and_truncation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("m.gguf");
+    std::fs::write(&p, tiny_gguf("mamba")).unwrap();
+    let out = yomi(&["run", "--model", p.to_str().unwrap(), "-m", "hi"]);
+    assert_clean_error(&out, "unsupported GGUF architecture `mamba`");
+    let full = tiny_gguf("llama");
+    for cut in [3usize, 10, 30, full.len() - 2] {
+        std::fs::write(&p, &full[..cut]).unwrap();
+        let out = yomi(&["run", "--model", p.to_str().unwrap(), "-m", "hi"]);
+        assert_clean_error(&out, "m.gguf");
+    }
+    std::fs::write(&p, b"NOPE and more bytes here").unwrap();
+    assert_clean_error(
+        &yomi(&["run", "--model", p.to_str().unwrap(), "-m", "hi"]),
+        "m.gguf",
+    );
+}
