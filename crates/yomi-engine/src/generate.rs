@@ -237,29 +237,16 @@ impl Engine {
         prompt_ids: &[u32],
         params: &GenerateParams,
         drafter: Option<&mut dyn Drafter>,
-        mut stats: StatsRecorder,
+        stats: StatsRecorder,
         on_text: &mut OnText,
     ) -> Result<Generation> {
-        params.validate().map_err(anyhow::Error::msg)?;
         let mut hooks = NoHooks;
         let from = Resume {
             keep_prefix: false,
             logits: None,
             hooks: &mut hooks,
         };
-        self.install(|| {
-            self.generate_inner(
-                state, prompt_ids, params, drafter, &mut stats, on_text, from,
-            )
-        })
-        .map(|(output_ids, text, finish_reason, cached)| Generation {
-            prompt_ids: prompt_ids.to_vec(),
-            output_ids,
-            text,
-            finish_reason,
-            stats: stats.finish(),
-            cached_tokens: cached,
-        })
+        self.run_request(state, prompt_ids, params, drafter, stats, on_text, from)
     }
 
     /// [`generate_with`](Self::generate_with) from the state as given when its committed
@@ -275,17 +262,32 @@ impl Engine {
         prompt_ids: &[u32],
         params: &GenerateParams,
         drafter: Option<&mut dyn Drafter>,
-        mut stats: StatsRecorder,
+        stats: StatsRecorder,
         last_logits: Option<&[f32]>,
         hooks: &mut dyn GenerateHooks,
         on_text: &mut OnText,
     ) -> Result<Generation> {
-        params.validate().map_err(anyhow::Error::msg)?;
         let from = Resume {
             keep_prefix: true,
             logits: last_logits,
             hooks,
         };
+        self.run_request(state, prompt_ids, params, drafter, stats, on_text, from)
+    }
+
+    /// Validates, runs the loop on the kernel pool and assembles the result.
+    #[allow(clippy::too_many_arguments)]
+    fn run_request(
+        &self,
+        state: &mut State,
+        prompt_ids: &[u32],
+        params: &GenerateParams,
+        drafter: Option<&mut dyn Drafter>,
+        mut stats: StatsRecorder,
+        on_text: &mut OnText,
+        from: Resume,
+    ) -> Result<Generation> {
+        params.validate().map_err(anyhow::Error::msg)?;
         self.install(|| {
             self.generate_inner(
                 state, prompt_ids, params, drafter, &mut stats, on_text, from,
