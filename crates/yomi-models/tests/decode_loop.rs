@@ -42,10 +42,16 @@ fn gdn_state_bytes(st: &State, n_layers: usize) -> usize {
 
 /// The engine runs its generate loop inside the rayon pool (as here): parallel ops then fork
 /// from a worker thread instead of injecting jobs from outside, which would allocate queue
-/// blocks and cost a wake-up per op.
+/// blocks and cost a wake-up per op. The pool has one thread so the count is deterministic:
+/// with more, each worker sizes its scratch buffers once, on the first task that work
+/// stealing happens to give it, which can be after any fixed warm-up — a one-time cost per
+/// thread, not a per-token one.
 #[test]
 fn decode_steps_do_not_allocate_and_gdn_state_is_constant() {
-    let pool = rayon::ThreadPoolBuilder::new().build().unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
     pool.install(decode_steps_inner);
 }
 
