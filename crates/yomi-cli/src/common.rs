@@ -20,6 +20,23 @@ pub struct ModelArgs {
     /// Kernel threads (default: one per core).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Where to run: cpu, cuda or auto (the best available that can run the model).
+    #[arg(long, default_value = "auto", value_name = "DEVICE", value_parser = ["cpu", "cuda", "auto"])]
+    pub device: String,
+}
+
+/// Resolves `--device`. The CUDA backend compiles and runs its kernels (crates/yomi-cuda) but
+/// does not run whole models yet, so `auto` means the CPU and `cuda` is a clear error.
+fn check_device(device: &str) -> Result<()> {
+    if device == "cuda" {
+        if !yomi_cuda::cuda_available() {
+            anyhow::bail!("--device cuda: no CUDA driver (libcuda.so) or GPU found");
+        }
+        anyhow::bail!(
+            "--device cuda: the CUDA backend runs its kernels but not whole models yet; use --device cpu"
+        );
+    }
+    Ok(())
 }
 
 /// Prints an error as one line on stderr: `error: outer: inner: …`.
@@ -30,6 +47,7 @@ pub fn print_error(e: &anyhow::Error) {
 
 /// Loads the model with a progress bar on stderr (hidden when stderr is not a terminal).
 pub fn load_engine(m: &ModelArgs) -> Result<Engine> {
+    check_device(&m.device)?;
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} tensors groups")

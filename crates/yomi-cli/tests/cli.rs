@@ -458,3 +458,35 @@ fn gguf_unknown_architecture_and_truncation() {
         "m.gguf",
     );
 }
+
+/// No GPU here (nor in CI): `--device cuda` is a one-line error, `auto` runs on the CPU.
+#[test]
+fn device_flag() {
+    let dir = fixture("qwen35-tiny");
+    let out = yomi(&[
+        "run",
+        "--model",
+        dir.to_str().unwrap(),
+        "-m",
+        "hi",
+        "--device",
+        "cuda",
+    ]);
+    assert_clean_error(&out, "--device cuda");
+    let ok = yomi(&[
+        "run",
+        "--model",
+        dir.to_str().unwrap(),
+        "-m",
+        "hi",
+        "--max-tokens",
+        "2",
+        "--device",
+        "auto",
+    ]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+}
