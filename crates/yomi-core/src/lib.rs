@@ -2,7 +2,9 @@
 //! reference sampling math (position-seeded Gumbel-max) that makes seeded runs reproducible.
 
 pub mod sampling;
+pub mod shapes;
 pub mod tree;
 
 pub use sampling::{Sampler, SamplerParams};
+pub use shapes::GdnShape;
 pub use tree::TreeBatch;

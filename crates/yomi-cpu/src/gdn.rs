@@ -25,19 +25,7 @@ use crate::simd;
 /// Rows per chunk of a long chain (HF, FLA and llama.cpp use 64).
 pub const CHUNK: usize = 64;
 
-#[derive(Clone, Copy, Debug)]
-pub struct GdnShape {
-    pub hk: usize,
-    pub hv: usize,
-    pub dk: usize,
-    pub dv: usize,
-}
-
-impl GdnShape {
-    pub fn state_len(&self) -> usize {
-        self.hv * self.dk * self.dv
-    }
-}
+pub use yomi_core::GdnShape;
 
 /// Per-row inputs of one pass.
 pub struct GdnRows<'a> {

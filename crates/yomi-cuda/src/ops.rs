@@ -222,20 +222,7 @@ fn launch_err(name: &str) -> impl FnOnce(cudarc::driver::DriverError) -> CudaErr
     move |e| CudaError::driver(format!("launch {name}"), e)
 }
 
-/// Per-value-head Gated DeltaNet shape: Hk key heads of dk, Hv value heads of dv.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GdnShape {
-    pub hk: usize,
-    pub hv: usize,
-    pub dk: usize,
-    pub dv: usize,
-}
-
-impl GdnShape {
-    pub fn state_len(&self) -> usize {
-        self.hv * self.dk * self.dv
-    }
-}
+pub use yomi_core::GdnShape;
 
 /// Per-row GDN inputs on the device: q, k [T, Hk, dk] (l2-normed; q also scaled by dk^−½),
 /// v [T, Hv, dv], g (log-decay) and beta [T, Hv].

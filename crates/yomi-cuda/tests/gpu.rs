@@ -323,15 +323,6 @@ const GDN: GdnShape = GdnShape {
     dv: 128,
 };
 
-fn cpu_shape(s: GdnShape) -> cgdn::GdnShape {
-    cgdn::GdnShape {
-        hk: s.hk,
-        hv: s.hv,
-        dk: s.dk,
-        dv: s.dv,
-    }
-}
-
 struct GdnIn {
     q: Vec<f32>,
     k: Vec<f32>,
@@ -414,15 +405,7 @@ fn cpu_tree(x: &GdnIn, tree: &TreeBatch, s: GdnShape) -> (Vec<f32>, Vec<f32>) {
     let mut hm = vec![0.0; t * s.hv * s.dv];
     let mut out = vec![0.0; t * s.hv * s.dv];
     let mut fs = vec![0.0; s.state_len()];
-    cgdn::gdn_tree_forward(
-        &x.rows(),
-        &x.s0,
-        tree,
-        cpu_shape(s),
-        &mut hm,
-        &mut out,
-        Some(&mut fs),
-    );
+    cgdn::gdn_tree_forward(&x.rows(), &x.s0, tree, s, &mut hm, &mut out, Some(&mut fs));
     (out, fs)
 }
 
@@ -434,7 +417,7 @@ fn gdn_decode_steps_match_cpu() {
     for steps in [1usize, 4, 16, 32] {
         let x = GdnIn::new(steps, s, 10 + steps as u64);
         let chain = TreeBatch::chain(steps);
-        let (want_o, want_s) = cgdn::gdn_reference(&x.rows(), &x.s0, &chain, cpu_shape(s));
+        let (want_o, want_s) = cgdn::gdn_reference(&x.rows(), &x.s0, &chain, s);
         let (twin_o, twin_s) = cpu_tree(&x, &chain, s);
         let mut state = d.upload(&x.s0).unwrap();
         let mut got = Vec::with_capacity(steps * s.hv * s.dv);
@@ -499,7 +482,7 @@ fn gdn_tree_verify_matches_cpu() {
         let t = parents.len();
         let tree = TreeBatch::from_parents(&parents).unwrap();
         let x = GdnIn::new(t, s, 100 + ci as u64);
-        let (want_o, want_s) = cgdn::gdn_reference(&x.rows(), &x.s0, &tree, cpu_shape(s));
+        let (want_o, want_s) = cgdn::gdn_reference(&x.rows(), &x.s0, &tree, s);
         let (twin_o, twin_s) = cpu_tree(&x, &tree, s);
         let rows = GdnDev::upload(&d, &x, s, 0, t);
         let s0 = d.upload(&x.s0).unwrap();

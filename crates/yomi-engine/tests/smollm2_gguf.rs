@@ -103,6 +103,29 @@ fn all_logits(e: &Engine, ids: &[u32]) -> Vec<f32> {
     logits
 }
 
+/// Greedy generation (with the suffix drafter, which is lossless) of one user message.
+fn greedy_chat(e: &Engine, message: &str, max_tokens: usize) -> yomi_engine::Generation {
+    let chat = Prompt::Chat {
+        messages: vec![ChatMessage::user(message)],
+        enable_thinking: None,
+    };
+    let prompt = e.prompt_ids(&chat).unwrap();
+    let params = GenerateParams {
+        max_tokens,
+        draft: DraftMode::Suffix,
+        ..Default::default()
+    };
+    let mut st = e.new_state();
+    e.generate(
+        &mut st,
+        &prompt,
+        &params,
+        StatsRecorder::start(),
+        &mut |_| true,
+    )
+    .unwrap()
+}
+
 fn log_softmax(x: &[f32]) -> Vec<f64> {
     let m = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
     let z: f64 = x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln() + m;
@@ -155,29 +178,8 @@ fn dequantized_f32_path_matches_transformers() {
     assert!(worst < 1e-3, "max abs diff {worst}");
     // Greedy generation of the README prompt reproduces transformers' 64 tokens (smallest
     // top-1/top-2 gap on that path: 0.0196 ≫ 1e-3).
-    let chat = Prompt::Chat {
-        messages: vec![ChatMessage::user(r.json["chat_prompt"].as_str().unwrap())],
-        enable_thinking: None,
-    };
-    let prompt = e.prompt_ids(&chat).unwrap();
     let want: Vec<u32> = r.ints("greedy_ids").iter().map(|&x| x as u32).collect();
-    let params = GenerateParams {
-        max_tokens: want.len(),
-        sampler: Default::default(),
-        stop: vec![],
-        draft: DraftMode::Suffix,
-        draft_budget: 16,
-    };
-    let mut st = e.new_state();
-    let g = e
-        .generate(
-            &mut st,
-            &prompt,
-            &params,
-            StatsRecorder::start(),
-            &mut |_| true,
-        )
-        .unwrap();
+    let g = greedy_chat(&e, r.json["chat_prompt"].as_str().unwrap(), want.len());
     assert_eq!(g.output_ids, want);
 }
 
@@ -232,30 +234,11 @@ fn integer_fast_path_agrees_with_transformers() {
 #[test]
 fn readme_prompt_gives_python() {
     let e = engine();
-    let chat = Prompt::Chat {
-        messages: vec![ChatMessage::user(
-            "Write a Python function that merges two sorted lists.",
-        )],
-        enable_thinking: None,
-    };
-    let prompt = e.prompt_ids(&chat).unwrap();
-    let params = GenerateParams {
-        max_tokens: 64,
-        sampler: Default::default(),
-        stop: vec![],
-        draft: DraftMode::Suffix,
-        draft_budget: 16,
-    };
-    let mut st = e.new_state();
-    let g = e
-        .generate(
-            &mut st,
-            &prompt,
-            &params,
-            StatsRecorder::start(),
-            &mut |_| true,
-        )
-        .unwrap();
+    let g = greedy_chat(
+        &e,
+        "Write a Python function that merges two sorted lists.",
+        64,
+    );
     assert!(g.text.contains("def merge"), "{}", g.text);
     assert!(g.text.contains("return"), "{}", g.text);
 }
