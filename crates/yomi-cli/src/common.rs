@@ -25,18 +25,44 @@ pub struct ModelArgs {
     pub device: String,
 }
 
-/// Resolves `--device`. The CUDA backend compiles and runs its kernels (crates/yomi-cuda) but
-/// does not run whole models yet, so `auto` means the CPU and `cuda` is a clear error.
+/// Resolves `--device` before loading: `cuda` needs a driver and a GPU.
 fn check_device(device: &str) -> Result<()> {
-    if device == "cuda" {
-        if !yomi_cuda::cuda_available() {
-            anyhow::bail!("--device cuda: no CUDA driver (libcuda.so) or GPU found");
-        }
-        anyhow::bail!(
-            "--device cuda: the CUDA backend runs its kernels but not whole models yet; use --device cpu"
-        );
+    if device == "cuda" && !yomi_cuda::cuda_available() {
+        anyhow::bail!("--device cuda: no CUDA driver (libcuda.so) or GPU found");
     }
     Ok(())
+}
+
+/// Moves the loaded model's passes to the GPU when `--device` asks for it: `cuda` must succeed;
+/// `auto` takes the GPU when one is present and the model runs there, else stays on the CPU
+/// (saying why on stderr).
+fn place_model(engine: &mut Engine, device: &str) -> Result<()> {
+    let want = match device {
+        "cuda" => true,
+        "auto" => yomi_cuda::cuda_available(),
+        _ => false,
+    };
+    if !want {
+        return Ok(());
+    }
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("uploading to the GPU [{bar:30}] {pos}/{len} layers")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let r = yomi_cuda::model::attach(&mut engine.model, 0, &mut |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    });
+    bar.finish_and_clear();
+    match r {
+        Ok(()) => Ok(()),
+        Err(e) if device == "auto" => {
+            eprintln!("note: running on the CPU: the GPU could not take the model: {e:#}");
+            Ok(())
+        }
+        Err(e) => Err(e.context("--device cuda")),
+    }
 }
 
 /// Prints an error as one line on stderr: `error: outer: inner: …`.
@@ -63,7 +89,9 @@ pub fn load_engine(m: &ModelArgs) -> Result<Engine> {
         bar.set_position(done as u64);
     });
     bar.finish_and_clear();
-    engine
+    let mut engine = engine?;
+    place_model(&mut engine, &m.device)?;
+    Ok(engine)
 }
 
 /// Sampling flags shared by `run` and `chat`.

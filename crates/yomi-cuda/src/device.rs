@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
+    DeviceRepr, ValidAsZeroBits,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -183,7 +184,11 @@ impl CudaDevice {
     }
 
     /// Copies host data into an existing device buffer (lengths must match).
-    pub fn upload_into<T: DeviceRepr>(&self, data: &[T], dst: &mut CudaSlice<T>) -> Result<()> {
+    pub fn upload_into<T: DeviceRepr>(
+        &self,
+        data: &[T],
+        dst: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
         crate::error::ensure!(
             data.len() == dst.len(),
             "upload_into: {} values into a buffer of {}",
@@ -198,10 +203,32 @@ impl CudaDevice {
     }
 
     /// Copies a device buffer back to the host (waits for the queued work that writes it).
-    pub fn download<T: DeviceRepr + Default + Clone>(&self, src: &CudaSlice<T>) -> Result<Vec<T>> {
+    pub fn download<T: DeviceRepr + Default + Clone>(
+        &self,
+        src: &impl DevicePtr<T>,
+    ) -> Result<Vec<T>> {
         guard("download", || {
             self.stream
                 .clone_dtoh(src)
+                .map_err(|e| CudaError::driver("memcpy dtoh", e))
+        })
+    }
+
+    /// Copies device data into a host slice of the same length (waits for the queued work).
+    pub fn download_into<T: DeviceRepr>(
+        &self,
+        src: &impl DevicePtr<T>,
+        dst: &mut [T],
+    ) -> Result<()> {
+        crate::error::ensure!(
+            src.len() == dst.len(),
+            "download_into: {} values into a host slice of {}",
+            src.len(),
+            dst.len()
+        );
+        guard("download_into", || {
+            self.stream
+                .memcpy_dtoh(src, dst)
                 .map_err(|e| CudaError::driver("memcpy dtoh", e))
         })
     }
@@ -216,7 +243,11 @@ impl CudaDevice {
     }
 
     /// Device-to-device copy of a whole buffer (lengths must match).
-    pub fn copy<T: DeviceRepr>(&self, src: &CudaSlice<T>, dst: &mut CudaSlice<T>) -> Result<()> {
+    pub fn copy<T: DeviceRepr>(
+        &self,
+        src: &impl DevicePtr<T>,
+        dst: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
         crate::error::ensure!(
             src.len() == dst.len(),
             "copy: {} values into a buffer of {}",
@@ -227,6 +258,18 @@ impl CudaDevice {
             self.stream
                 .memcpy_dtod(src, dst)
                 .map_err(|e| CudaError::driver("memcpy dtod", e))
+        })
+    }
+
+    /// Sets every value of a buffer or view to zero.
+    pub fn zero<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        dst: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
+        guard("memset", || {
+            self.stream
+                .memset_zeros(dst)
+                .map_err(|e| CudaError::driver("memset", e))
         })
     }
 

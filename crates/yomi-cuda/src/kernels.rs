@@ -22,15 +22,17 @@ pub enum Module {
     Rope,
     Gemv,
     Gdn,
+    Glue,
 }
 
 impl Module {
-    pub const ALL: [Module; 5] = [
+    pub const ALL: [Module; 6] = [
         Module::Norm,
         Module::Act,
         Module::Rope,
         Module::Gemv,
         Module::Gdn,
+        Module::Glue,
     ];
 
     /// File stem under `kernels/`.
@@ -41,6 +43,7 @@ impl Module {
             Module::Rope => "rope",
             Module::Gemv => "gemv",
             Module::Gdn => "gdn",
+            Module::Glue => "glue",
         }
     }
 
@@ -52,6 +55,7 @@ impl Module {
             Module::Rope => include_str!("../kernels/rope.cu"),
             Module::Gemv => include_str!("../kernels/gemv.cu"),
             Module::Gdn => include_str!("../kernels/gdn.cu"),
+            Module::Glue => include_str!("../kernels/glue.cu"),
         }
     }
 
@@ -72,6 +76,20 @@ impl Module {
             Module::Rope => vec!["rope_neox_f32".into()],
             Module::Gemv => crate::ops::all_gemv_kernels(),
             Module::Gdn => vec!["gdn_decode_f32".into(), "gdn_tree_verify_f32".into()],
+            Module::Glue => [
+                "embed_f32",
+                "embed_bf16",
+                "embed_f16",
+                "add_f32",
+                "split_q_gate_f32",
+                "sigmoid_mul_f32",
+                "gdn_split_qkv_f32",
+                "gdn_gate_beta_f32",
+                "rms_norm_gated_f32",
+                "gather_rows_f32",
+            ]
+            .map(String::from)
+            .to_vec(),
         }
     }
 }

@@ -15,9 +15,12 @@
 //! back to `~/.cache/yomi/kernels/`), keyed by a hash of the source, the options and the NVRTC
 //! version. They need no CUDA headers, so no include directory is looked up.
 
+pub mod attention;
 mod device;
 mod error;
+mod glue;
 pub mod kernels;
+pub mod model;
 mod ops;
 
 pub use cudarc::driver::{CudaContext, CudaSlice, CudaStream};

@@ -2,7 +2,7 @@
 //! device's stream. Nothing here synchronizes; the math and shapes of each op are in its `.cu`
 //! file's header comment.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use crate::device::CudaDevice;
 use crate::error::{CudaError, Result, ensure};
@@ -98,6 +98,14 @@ impl DeviceMatrix {
 
     pub fn size_bytes(&self) -> usize {
         self.rows * self.cols * self.dtype.size_bytes()
+    }
+
+    /// Device address of the first value (for kernels that read the matrix themselves).
+    pub(crate) fn data_ptr(&self, stream: &CudaStream) -> u64 {
+        match &self.data {
+            Weights::F32(s) => dptr(s, stream),
+            Weights::Half(s) => dptr(s, stream),
+        }
     }
 }
 
@@ -214,11 +222,22 @@ pub fn gemv_variant(dtype: WeightDtype, t: usize) -> Vec<GemvKernel> {
     v
 }
 
-fn as_i32(v: usize, what: &str) -> Result<i32> {
+/// The device address of a buffer or view, for a kernel argument. The stream tracks no events
+/// (see `CudaDevice::open`), so the guard cudarc returns has nothing to do and is dropped here.
+pub(crate) fn dptr<T>(s: &(impl DevicePtr<T> + ?Sized), stream: &CudaStream) -> u64 {
+    s.device_ptr(stream).0
+}
+
+/// [`dptr`] for a buffer or view the kernel writes.
+pub(crate) fn dptr_mut<T>(s: &mut impl DevicePtrMut<T>, stream: &CudaStream) -> u64 {
+    s.device_ptr_mut(stream).0
+}
+
+pub(crate) fn as_i32(v: usize, what: &str) -> Result<i32> {
     i32::try_from(v).map_err(|_| CudaError::Invalid(format!("{what} = {v} does not fit in i32")))
 }
 
-fn launch_err(name: &str) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError + '_ {
+pub(crate) fn launch_err(name: &str) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError + '_ {
     move |e| CudaError::driver(format!("launch {name}"), e)
 }
 
@@ -227,14 +246,25 @@ pub use yomi_core::GdnShape;
 /// Per-row GDN inputs on the device: q, k [T, Hk, dk] (l2-normed; q also scaled by dk^−½),
 /// v [T, Hv, dv], g (log-decay) and beta [T, Hv].
 pub struct GdnDeviceRows<'a> {
-    pub q: &'a CudaSlice<f32>,
-    pub k: &'a CudaSlice<f32>,
-    pub v: &'a CudaSlice<f32>,
-    pub g: &'a CudaSlice<f32>,
-    pub beta: &'a CudaSlice<f32>,
+    pub q: &'a dyn DevicePtr<f32>,
+    pub k: &'a dyn DevicePtr<f32>,
+    pub v: &'a dyn DevicePtr<f32>,
+    pub g: &'a dyn DevicePtr<f32>,
+    pub beta: &'a dyn DevicePtr<f32>,
 }
 
 impl GdnDeviceRows<'_> {
+    /// Device addresses of q, k, v, g, β.
+    fn ptrs(&self, st: &CudaStream) -> [u64; 5] {
+        [
+            dptr(self.q, st),
+            dptr(self.k, st),
+            dptr(self.v, st),
+            dptr(self.g, st),
+            dptr(self.beta, st),
+        ]
+    }
+
     fn check(&self, t: usize, s: GdnShape) -> Result<()> {
         ensure!(
             self.q.len() == t * s.hk * s.dk && self.k.len() == t * s.hk * s.dk,
@@ -282,10 +312,10 @@ impl CudaDevice {
     /// `out = x / sqrt(mean(x²) + eps) · w`.
     pub fn rms_norm(
         &self,
-        x: &CudaSlice<f32>,
+        x: &impl DevicePtr<f32>,
         w: &CudaSlice<f32>,
         eps: f32,
-        out: &mut CudaSlice<f32>,
+        out: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
         let n = w.len();
         ensure!(
@@ -311,8 +341,10 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         guard("rms_norm", || {
-            let mut b = self.stream().launch_builder(&f);
-            b.arg(x).arg(w).arg(out).arg(&n_i).arg(&eps);
+            let st = self.stream();
+            let (xp, op) = (dptr(x, st), dptr_mut(out, st));
+            let mut b = st.launch_builder(&f);
+            b.arg(&xp).arg(w).arg(&op).arg(&n_i).arg(&eps);
             // SAFETY: argument types match `rms_norm_f32`; lengths checked above.
             unsafe { b.launch(cfg) }
                 .map(|_| ())
@@ -323,7 +355,7 @@ impl CudaDevice {
     /// In-place variant of [`CudaDevice::rms_norm`].
     pub fn rms_norm_inplace(
         &self,
-        x: &mut CudaSlice<f32>,
+        x: &mut impl DevicePtrMut<f32>,
         w: &CudaSlice<f32>,
         eps: f32,
     ) -> Result<()> {
@@ -346,8 +378,10 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         guard("rms_norm", || {
-            let mut b = self.stream().launch_builder(&f);
-            b.arg(x).arg(w).arg(&null).arg(&n_i).arg(&eps);
+            let st = self.stream();
+            let xp = dptr_mut(x, st);
+            let mut b = st.launch_builder(&f);
+            b.arg(&xp).arg(w).arg(&null).arg(&n_i).arg(&eps);
             // SAFETY: as above; a null `y` makes the kernel write x in place.
             unsafe { b.launch(cfg) }
                 .map(|_| ())
@@ -362,11 +396,11 @@ impl CudaDevice {
     /// cuBLASLt, which is not wired up yet.
     pub fn linear(
         &self,
-        x: &CudaSlice<f32>,
+        x: &impl DevicePtr<f32>,
         t: usize,
         w: &DeviceMatrix,
         bias: Option<&CudaSlice<f32>>,
-        out: &mut CudaSlice<f32>,
+        out: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
         self.linear_variant(x, t, w, bias, out, None)
     }
@@ -374,11 +408,11 @@ impl CudaDevice {
     /// [`CudaDevice::linear`] with a chosen kernel from [`gemv_variant`].
     pub fn linear_variant(
         &self,
-        x: &CudaSlice<f32>,
+        x: &impl DevicePtr<f32>,
         t: usize,
         w: &DeviceMatrix,
         bias: Option<&CudaSlice<f32>>,
-        out: &mut CudaSlice<f32>,
+        out: &mut impl DevicePtrMut<f32>,
         variant: Option<GemvKernel>,
     ) -> Result<()> {
         let (n, k) = (w.rows, w.cols);
@@ -426,17 +460,19 @@ impl CudaDevice {
         };
         let null: u64 = 0;
         guard("linear", || {
-            let mut b = self.stream().launch_builder(&f);
+            let st = self.stream();
+            let (xp, op) = (dptr(x, st), dptr_mut(out, st));
+            let mut b = st.launch_builder(&f);
             match &w.data {
                 Weights::F32(s) => b.arg(s),
                 Weights::Half(s) => b.arg(s),
             };
-            b.arg(x);
+            b.arg(&xp);
             match bias {
                 Some(bs) => b.arg(bs),
                 None => b.arg(&null),
             };
-            b.arg(out).arg(&n_i).arg(&k_i).arg(&t_i);
+            b.arg(&op).arg(&n_i).arg(&k_i).arg(&t_i);
             // SAFETY: argument types match the gemv kernels; lengths and K alignment checked.
             unsafe { b.launch(cfg) }
                 .map(|_| ())
@@ -445,7 +481,11 @@ impl CudaDevice {
     }
 
     /// SwiGLU in place: `gate ← silu(gate) · up` element-wise.
-    pub fn swiglu(&self, gate: &mut CudaSlice<f32>, up: &CudaSlice<f32>) -> Result<()> {
+    pub fn swiglu(
+        &self,
+        gate: &mut impl DevicePtrMut<f32>,
+        up: &impl DevicePtr<f32>,
+    ) -> Result<()> {
         ensure!(
             gate.len() == up.len(),
             "swiglu: gate has {} values, up {}",
@@ -463,8 +503,10 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         guard("swiglu", || {
-            let mut b = self.stream().launch_builder(&f);
-            b.arg(gate).arg(up).arg(&n);
+            let st = self.stream();
+            let (gp, up) = (dptr_mut(gate, st), dptr(up, st));
+            let mut b = st.launch_builder(&f);
+            b.arg(&gp).arg(&up).arg(&n);
             // SAFETY: argument types match `swiglu_f32`; lengths checked.
             unsafe { b.launch(cfg) }
                 .map(|_| ())
@@ -477,12 +519,12 @@ impl CudaDevice {
     #[allow(clippy::too_many_arguments)]
     pub fn rope_neox(
         &self,
-        x: &mut CudaSlice<f32>,
+        x: &mut impl DevicePtrMut<f32>,
         t: usize,
         heads: usize,
         head_dim: usize,
         rot: usize,
-        positions: &CudaSlice<i32>,
+        positions: &impl DevicePtr<i32>,
         inv_freq: &CudaSlice<f32>,
     ) -> Result<()> {
         ensure!(
@@ -522,8 +564,10 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         guard("rope", || {
-            let mut b = self.stream().launch_builder(&f);
-            b.arg(x).arg(positions).arg(inv_freq);
+            let st = self.stream();
+            let (xp, pp) = (dptr_mut(x, st), dptr(positions, st));
+            let mut b = st.launch_builder(&f);
+            b.arg(&xp).arg(&pp).arg(inv_freq);
             for a in &args {
                 b.arg(a);
             }
@@ -542,8 +586,8 @@ impl CudaDevice {
         &self,
         shape: GdnShape,
         rows: &GdnDeviceRows,
-        state: &mut CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
+        state: &mut impl DevicePtrMut<f32>,
+        out: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
         check_gdn_shape(shape, 256)?;
         rows.check(1, shape)?;
@@ -568,14 +612,14 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         guard("gdn_decode", || {
-            let mut b = self.stream().launch_builder(&f);
-            b.arg(rows.q)
-                .arg(rows.k)
-                .arg(rows.v)
-                .arg(rows.g)
-                .arg(rows.beta)
-                .arg(state)
-                .arg(out);
+            let st = self.stream();
+            let rp = rows.ptrs(st);
+            let (sp, op) = (dptr_mut(state, st), dptr_mut(out, st));
+            let mut b = st.launch_builder(&f);
+            for p in &rp {
+                b.arg(p);
+            }
+            b.arg(&sp).arg(&op);
             for a in &dims {
                 b.arg(a);
             }
@@ -597,9 +641,9 @@ impl CudaDevice {
         shape: GdnShape,
         t: usize,
         rows: &GdnDeviceRows,
-        parents: &CudaSlice<i32>,
-        s0: &CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
+        parents: &impl DevicePtr<i32>,
+        s0: &impl DevicePtr<f32>,
+        out: &mut impl DevicePtrMut<f32>,
         final_state: Option<&mut CudaSlice<f32>>,
     ) -> Result<()> {
         check_gdn_shape(shape, 128)?;
@@ -642,15 +686,14 @@ impl CudaDevice {
         };
         let null: u64 = 0;
         guard("gdn_tree_verify", || {
-            let mut b = self.stream().launch_builder(&f);
-            b.arg(rows.q)
-                .arg(rows.k)
-                .arg(rows.v)
-                .arg(rows.g)
-                .arg(rows.beta)
-                .arg(parents)
-                .arg(s0)
-                .arg(out);
+            let st = self.stream();
+            let rp = rows.ptrs(st);
+            let (pp, sp, op) = (dptr(parents, st), dptr(s0, st), dptr_mut(out, st));
+            let mut b = st.launch_builder(&f);
+            for p in &rp {
+                b.arg(p);
+            }
+            b.arg(&pp).arg(&sp).arg(&op);
             match final_state {
                 Some(fs) => b.arg(fs),
                 None => b.arg(&null),

@@ -103,7 +103,7 @@ impl Engine {
 
     /// A new, empty sequence state sized to the context.
     pub fn new_state(&self) -> State {
-        State::new(&self.model.cfg, self.context_size)
+        self.model.new_state(self.context_size)
     }
 
     /// Runs `f` on the engine's thread pool (kernels then fork from a worker thread).

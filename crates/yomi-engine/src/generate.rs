@@ -413,7 +413,10 @@ impl Engine {
                 // c + T ≤ capacity.
                 let room = st.capacity() - c;
                 let max_depth = (params.max_tokens - out.ids.len() - 1).min(room - 2);
-                let max_drafts = params.draft_budget.min(room - 1);
+                let max_drafts = params
+                    .draft_budget
+                    .min(room - 1)
+                    .min(model.max_tree_rows() - 1);
                 if max_depth > 0 {
                     if let Some(r) = cost.row_cost() {
                         d.set_row_cost(r);

@@ -169,6 +169,9 @@ pub struct SnapshotRecorder {
 
 impl GenerateHooks for SnapshotRecorder {
     fn prefill_chunk(&mut self, state: &State, last_logits: Option<&[f32]>) {
+        if state.is_accelerated() {
+            return;
+        }
         let len = state.committed();
         let at_interval = self.recurrent && len.is_multiple_of(self.interval);
         if !at_interval && last_logits.is_none() {
@@ -294,7 +297,13 @@ impl PrefixCache {
         self.stats.lookups += 1;
         self.tick += 1;
         let recurrent = state.has_recurrent_layers();
-        let Some(hit) = self.find(prompt, recurrent) else {
+        // Device states are not cached yet (no host copies of their K/V or recurrent state).
+        let found = if state.is_accelerated() {
+            None
+        } else {
+            self.find(prompt, recurrent)
+        };
+        let Some(hit) = found else {
             state.reset();
             return Ok(Restored::default());
         };
@@ -339,7 +348,7 @@ impl PrefixCache {
     /// recorder's snapshots and one at the state's end), then evicts down to the bound.
     pub fn insert(&mut self, state: &State, recorder: SnapshotRecorder) {
         let tokens = state.tokens();
-        if tokens.is_empty() || state.pending().is_some() {
+        if tokens.is_empty() || state.pending().is_some() || state.is_accelerated() {
             return;
         }
         self.tick += 1;

@@ -1,6 +1,7 @@
 //! yomi's models: configuration, weight loading (safetensors directories; GGUF) and the
 //! architectures, written once against the CPU op set, with the DESIGN §4 state contract.
 
+pub mod accel;
 pub mod config;
 pub mod gguf;
 pub mod gguf_source;
@@ -10,6 +11,7 @@ pub mod safetensors_dir;
 pub mod source;
 pub mod state;
 
+pub use accel::{AccelState, Accelerator};
 pub use config::{Arch, LayerKind, ModelConfig};
 pub use model::{LogitRows, Model, Trace};
 pub use state::State;

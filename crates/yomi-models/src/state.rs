@@ -120,6 +120,12 @@ pub struct State {
     /// Committed token ids (the prefix the state represents).
     pub(crate) tokens: Vec<u32>,
     pub(crate) scratch: crate::model::Scratch,
+    /// The device state when the model runs on an accelerator (made on the first pass).
+    pub(crate) accel: Option<Box<dyn crate::accel::AccelState>>,
+    /// The device state must be zeroed before the next pass ([`State::reset`] has no device).
+    pub(crate) accel_reset: bool,
+    /// Made by a model with an accelerator ([`crate::Model::new_state`]): passes run there.
+    pub(crate) on_device: bool,
 }
 
 impl State {
@@ -166,6 +172,9 @@ impl State {
             },
             tokens: Vec::with_capacity(capacity),
             scratch: Default::default(),
+            accel: None,
+            accel_reset: false,
+            on_device: false,
         }
     }
 
@@ -198,6 +207,13 @@ impl State {
                 g.conv.fill(0.0);
             }
         }
+        self.accel_reset = self.accel.is_some();
+    }
+
+    /// Whether the state lives on a device (its model has an accelerator). Such a state cannot
+    /// be snapshotted or resumed from host copies yet: prefix caches must leave it alone.
+    pub fn is_accelerated(&self) -> bool {
+        self.on_device
     }
 
     /// Whether the model has recurrent (Gated DeltaNet) layers, whose state can only be
@@ -305,6 +321,11 @@ impl State {
                 self.capacity
             );
         }
+        if self.on_device {
+            anyhow::bail!(
+                "resuming a device (CUDA) state from a prefix cache is not supported yet"
+            );
+        }
         let recurrent = if self.has_recurrent_layers() {
             let r = recurrent.ok_or_else(|| {
                 anyhow::anyhow!("a model with recurrent layers resumes only from a snapshot")
@@ -385,6 +406,9 @@ impl State {
         }
         if n != self.committed && self.has_recurrent_layers() {
             anyhow::bail!("recurrent (Gated DeltaNet) state cannot be truncated");
+        }
+        if n != self.committed && self.on_device {
+            anyhow::bail!("truncating a device (CUDA) state is not supported yet");
         }
         self.committed = n;
         self.pending.active = false;

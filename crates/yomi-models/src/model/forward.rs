@@ -100,6 +100,35 @@ impl Model {
                 cfg.vocab_size
             );
         }
+        if let Some(acc) = &self.accel {
+            if trace.is_some() {
+                bail!("tracing hidden states runs on the CPU only (use --device cpu)");
+            }
+            if !tree.is_chain() && t > acc.max_tree_rows() {
+                bail!(
+                    "a tree of {t} rows exceeds the {} rows one {} pass verifies",
+                    acc.max_tree_rows(),
+                    acc.describe()
+                );
+            }
+            if st.accel.is_none() {
+                st.accel = Some(acc.new_state(st.capacity)?);
+                st.accel_reset = false;
+            }
+            let ds = st.accel.as_deref_mut().expect("made above");
+            if st.accel_reset {
+                acc.reset(ds)?;
+                st.accel_reset = false;
+            }
+            // Nothing is pending if the pass fails half-way.
+            st.pending.active = false;
+            acc.forward(ds, st.committed, tokens, tree, which, logits)?;
+            st.pending.tree.copy_from(tree);
+            st.pending.tokens.clear();
+            st.pending.tokens.extend_from_slice(tokens);
+            st.pending.active = true;
+            return Ok(());
+        }
         let h_sz = cfg.hidden_size;
         let mut sc = std::mem::take(&mut st.scratch);
         {
@@ -349,6 +378,16 @@ impl Model {
         pend.tree.check_accepted(accepted)?;
         let n = accepted.len();
         let p = st.committed;
+        if let Some(acc) = &self.accel {
+            let ds = st
+                .accel
+                .as_deref_mut()
+                .ok_or_else(|| anyhow::anyhow!("a pending pass without a device state"))?;
+            acc.commit(ds, p, &pend.tree, accepted)?;
+            st.committed += n;
+            st.tokens.extend(accepted.iter().map(|&a| pend.tokens[a]));
+            return Ok(());
+        }
         let full_chain = pend.tree.is_chain() && n == pend.tree.len();
         let cfg = &self.cfg;
         for ls in st.layers.iter_mut() {

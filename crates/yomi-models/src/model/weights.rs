@@ -70,6 +70,8 @@ pub struct Model {
     /// None when tied to the embedding.
     pub lm_head: Option<Matrix>,
     pub rope: Rope,
+    /// The device backend that runs the passes, if any (see [`crate::accel`]).
+    pub accel: Option<std::sync::Arc<dyn crate::accel::Accelerator>>,
 }
 
 impl Model {
@@ -128,7 +130,23 @@ impl Model {
             final_norm,
             lm_head,
             rope,
+            accel: None,
         })
+    }
+
+    /// The most rows of a draft tree one pass verifies (unbounded on the CPU).
+    pub fn max_tree_rows(&self) -> usize {
+        self.accel
+            .as_ref()
+            .map_or(usize::MAX, |a| a.max_tree_rows())
+    }
+
+    /// A fresh state for up to `capacity` tokens; with an accelerator its passes run there (the
+    /// device state is made on the first pass).
+    pub fn new_state(&self, capacity: usize) -> crate::State {
+        let mut st = crate::State::new(&self.cfg, capacity);
+        st.on_device = self.accel.is_some();
+        st
     }
 
     /// Every weight matrix, mutably (for format conversions).

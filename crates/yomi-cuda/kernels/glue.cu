@@ -1,0 +1,139 @@
+// The small element-wise and row ops a whole-model pass needs between the big kernels
+// (embedding gather, residual add, attention output gate, the Gated DeltaNet input preparation
+// and gated norm). Each is the twin of the CPU code in crates/yomi-models/src/model/forward.rs
+// and crates/yomi-cpu (norm.rs, activation.rs); all math in f32.
+
+// ---------------------------------------------------------------------------------------------
+// Embedding gather: out[i, :] = table[ids[i], :] as f32.
+// Shapes: table [V, H] (f32, bf16 or f16 bits), ids [T] i32, out [T, H] f32.
+// Grid (T), any block size.
+extern "C" __global__ void embed_f32(const float* __restrict__ table, const int* __restrict__ ids,
+                                     float* __restrict__ out, int h) {
+    const float* src = table + (size_t)ids[blockIdx.x] * h;
+    float* dst = out + (size_t)blockIdx.x * h;
+    for (int i = threadIdx.x; i < h; i += blockDim.x) dst[i] = src[i];
+}
+
+extern "C" __global__ void embed_bf16(const u16* __restrict__ table, const int* __restrict__ ids,
+                                      float* __restrict__ out, int h) {
+    const u16* src = table + (size_t)ids[blockIdx.x] * h;
+    float* dst = out + (size_t)blockIdx.x * h;
+    for (int i = threadIdx.x; i < h; i += blockDim.x) dst[i] = bf16_to_f32(src[i]);
+}
+
+extern "C" __global__ void embed_f16(const u16* __restrict__ table, const int* __restrict__ ids,
+                                     float* __restrict__ out, int h) {
+    const u16* src = table + (size_t)ids[blockIdx.x] * h;
+    float* dst = out + (size_t)blockIdx.x * h;
+    for (int i = threadIdx.x; i < h; i += blockDim.x) dst[i] = f16_to_f32(src[i]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Residual add: y[i] += x[i], n values. One thread per value.
+extern "C" __global__ void add_f32(float* __restrict__ y, const float* __restrict__ x, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] += x[i];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gated attention (Qwen3.5): the q projection holds, per head, hd query values then hd gate
+// values. Splits qf [T·heads, 2·hd] into q [T·heads, hd] and gate [T·heads, hd].
+// One thread per (row-head, i): T·heads·hd threads.
+extern "C" __global__ void split_q_gate_f32(const float* __restrict__ qf, float* __restrict__ q,
+                                            float* __restrict__ gate, long long n, int hd) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n) return;
+    const long long rh = idx / hd;
+    const int i = (int)(idx % hd);
+    q[idx] = qf[rh * 2 * hd + i];
+    gate[idx] = qf[rh * 2 * hd + hd + i];
+}
+
+// o[i] *= sigmoid(gate[i]) (the attention output gate), n values, one thread each.
+extern "C" __global__ void sigmoid_mul_f32(float* __restrict__ o, const float* __restrict__ gate,
+                                           long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) o[i] *= 1.0f / (1.0f + expf(-gate[i]));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gated DeltaNet input preparation from the conv output mc [T, C], C = 2·Hk·dk + Hv·dv laid out
+// per row as [q | k | v]:
+//   q[t, h, :] = mc_q / sqrt(Σ mc_q² + eps) · qscale     (l2 norm per key head, then dk^−½)
+//   k[t, h, :] = mc_k / sqrt(Σ mc_k² + eps)
+//   v[t, :]    = mc_v
+// Shapes: q, k [T, Hk·dk]; v [T, Hv·dv]. Grid (T, 2·Hk + vblocks), block 128: blockIdx.y < Hk
+// is a q head, < 2·Hk a k head, the rest copy v in chunks of 128·8 values.
+extern "C" __global__ void gdn_split_qkv_f32(const float* __restrict__ mc, float* __restrict__ q,
+                                             float* __restrict__ k, float* __restrict__ v, int hk,
+                                             int dk, int vd, float qscale, float eps) {
+    __shared__ float red[33];
+    const int t = blockIdx.x, y = blockIdx.y;
+    const int kd = hk * dk, c = 2 * kd + vd;
+    const float* row = mc + (size_t)t * c;
+    if (y < 2 * hk) {
+        const bool is_q = y < hk;
+        const int h = is_q ? y : y - hk;
+        const float* src = row + (is_q ? 0 : kd) + h * dk;
+        float* dst = (is_q ? q : k) + (size_t)t * kd + h * dk;
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < dk; i += blockDim.x) ss += src[i] * src[i];
+        ss = block_sum(ss, red);
+        const float r = 1.0f / sqrtf(ss + eps);
+        const float scale = is_q ? qscale : 1.0f;
+        for (int i = threadIdx.x; i < dk; i += blockDim.x) dst[i] = (src[i] * r) * scale;
+        return;
+    }
+    const int chunk = blockDim.x * 8;
+    const int i0 = (y - 2 * hk) * chunk;
+    for (int i = i0 + threadIdx.x; i < i0 + chunk && i < vd; i += blockDim.x)
+        v[(size_t)t * vd + i] = row[2 * kd + i];
+}
+
+// Decay and write strength per (row, value head), n = T·Hv values:
+//   beta = sigmoid(b_raw),  g = neg_exp_a[h] · softplus(a_raw + dt_bias[h])
+// with torch's softplus (linear above 20). One thread per value.
+extern "C" __global__ void gdn_gate_beta_f32(const float* __restrict__ braw,
+                                             const float* __restrict__ araw,
+                                             const float* __restrict__ neg_exp_a,
+                                             const float* __restrict__ dt_bias,
+                                             float* __restrict__ g, float* __restrict__ beta,
+                                             int n, int hv) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const int h = i % hv;
+    beta[i] = 1.0f / (1.0f + expf(-braw[i]));
+    const float x = araw[i] + dt_bias[h];
+    const float sp = x > 20.0f ? x : log1pf(expf(x));
+    g[i] = neg_exp_a[h] * sp;
+}
+
+// Gated RMSNorm of the GDN output, per head of n values (rows = T·Hv):
+//   o[r, :] = o[r, :] / sqrt(mean(o[r, :]²) + eps) · w · silu(z[r, :])
+// Grid (rows), any block size that is a multiple of 32.
+extern "C" __global__ void rms_norm_gated_f32(float* __restrict__ o, const float* __restrict__ z,
+                                              const float* __restrict__ w, int n, float eps) {
+    __shared__ float red[33];
+    float* orow = o + (size_t)blockIdx.x * n;
+    const float* zrow = z + (size_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += orow[i] * orow[i];
+    ss = block_sum(ss, red);
+    const float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float zv = zrow[i];
+        const float silu = zv * (1.0f / (1.0f + expf(-zv)));
+        orow[i] = orow[i] * r * w[i] * silu;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row gather: dst[j, :] = src[idx[j], :] for j < n_idx, rows of `len` values (the accepted rows
+// of a tree pass, compacted for the commit replay). dst must not overlap src.
+// Grid (n_idx), any block size.
+extern "C" __global__ void gather_rows_f32(const float* __restrict__ src, float* __restrict__ dst,
+                                           const int* __restrict__ idx, int len) {
+    const float* s = src + (size_t)idx[blockIdx.x] * len;
+    float* d = dst + (size_t)blockIdx.x * len;
+    for (int i = threadIdx.x; i < len; i += blockDim.x) d[i] = s[i];
+}

@@ -1,0 +1,347 @@
+//! The small ops of a whole-model pass (kernels/glue.cu): embedding gather, residual add, the
+//! attention output gate, Gated DeltaNet input preparation and gated norm. Shapes are checked on
+//! the host; each op is one launch on the device's stream.
+
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+
+use crate::device::CudaDevice;
+use crate::error::{Result, ensure};
+use crate::guard;
+use crate::kernels::Module;
+use crate::ops::{DeviceMatrix, WeightDtype, as_i32, dptr, dptr_mut, launch_err};
+
+fn grid_1d(n: u64) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(256) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl CudaDevice {
+    /// `out[i, :] = table[ids[i], :]` as f32 for the T = ids.len() rows (ids must be < rows;
+    /// the caller checks them against the vocabulary before uploading).
+    pub fn embed(
+        &self,
+        table: &DeviceMatrix,
+        ids: &impl DevicePtr<i32>,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        let t = ids.len();
+        ensure!(
+            out.len() == t * table.cols,
+            "embed: out has {} values, not [T={t}, H={}]",
+            out.len(),
+            table.cols
+        );
+        if t == 0 {
+            return Ok(());
+        }
+        let name = match table.dtype {
+            WeightDtype::F32 => "embed_f32",
+            WeightDtype::Bf16 => "embed_bf16",
+            WeightDtype::F16 => "embed_f16",
+        };
+        let f = self.func(Module::Glue, name)?;
+        let h = as_i32(table.cols, "H")?;
+        let cfg = LaunchConfig {
+            grid_dim: (t as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        guard("embed", || {
+            let st = self.stream();
+            let (tp, ip, op) = (table.data_ptr(st), dptr(ids, st), dptr_mut(out, st));
+            let mut b = st.launch_builder(&f);
+            b.arg(&tp).arg(&ip).arg(&op).arg(&h);
+            // SAFETY: argument types match the embed kernels; lengths checked above.
+            unsafe { b.launch(cfg) }
+                .map(|_| ())
+                .map_err(launch_err(name))
+        })
+    }
+
+    /// `y += x` element-wise.
+    pub fn add_inplace(
+        &self,
+        y: &mut impl DevicePtrMut<f32>,
+        x: &impl DevicePtr<f32>,
+    ) -> Result<()> {
+        ensure!(
+            y.len() == x.len(),
+            "add: y has {} values, x {}",
+            y.len(),
+            x.len()
+        );
+        let n = y.len() as i64;
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.func(Module::Glue, "add_f32")?;
+        guard("add", || {
+            let st = self.stream();
+            let (yp, xp) = (dptr_mut(y, st), dptr(x, st));
+            let mut b = st.launch_builder(&f);
+            b.arg(&yp).arg(&xp).arg(&n);
+            // SAFETY: argument types match `add_f32`; lengths checked.
+            unsafe { b.launch(grid_1d(n as u64)) }
+                .map(|_| ())
+                .map_err(launch_err("add_f32"))
+        })
+    }
+
+    /// Splits the gated-attention q projection qf [rows, 2·hd] (per head: hd query values, then
+    /// hd gate values) into q and gate [rows, hd].
+    pub fn split_q_gate(
+        &self,
+        qf: &impl DevicePtr<f32>,
+        hd: usize,
+        q: &mut impl DevicePtrMut<f32>,
+        gate: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        ensure!(
+            hd > 0 && qf.len() == 2 * q.len() && q.len() == gate.len() && q.len() % hd == 0,
+            "split_q_gate: qf {} values, q {}, gate {}, hd {hd}",
+            qf.len(),
+            q.len(),
+            gate.len()
+        );
+        let n = q.len() as i64;
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.func(Module::Glue, "split_q_gate_f32")?;
+        let hd_i = as_i32(hd, "hd")?;
+        guard("split_q_gate", || {
+            let st = self.stream();
+            let (fp, qp, gp) = (dptr(qf, st), dptr_mut(q, st), dptr_mut(gate, st));
+            let mut b = st.launch_builder(&f);
+            b.arg(&fp).arg(&qp).arg(&gp).arg(&n).arg(&hd_i);
+            // SAFETY: argument types match `split_q_gate_f32`; lengths checked.
+            unsafe { b.launch(grid_1d(n as u64)) }
+                .map(|_| ())
+                .map_err(launch_err("split_q_gate_f32"))
+        })
+    }
+
+    /// `o *= sigmoid(gate)` element-wise (the attention output gate).
+    pub fn sigmoid_mul(
+        &self,
+        o: &mut impl DevicePtrMut<f32>,
+        gate: &impl DevicePtr<f32>,
+    ) -> Result<()> {
+        ensure!(
+            o.len() == gate.len(),
+            "sigmoid_mul: o has {} values, gate {}",
+            o.len(),
+            gate.len()
+        );
+        let n = o.len() as i64;
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.func(Module::Glue, "sigmoid_mul_f32")?;
+        guard("sigmoid_mul", || {
+            let st = self.stream();
+            let (op, gp) = (dptr_mut(o, st), dptr(gate, st));
+            let mut b = st.launch_builder(&f);
+            b.arg(&op).arg(&gp).arg(&n);
+            // SAFETY: argument types match `sigmoid_mul_f32`; lengths checked.
+            unsafe { b.launch(grid_1d(n as u64)) }
+                .map(|_| ())
+                .map_err(launch_err("sigmoid_mul_f32"))
+        })
+    }
+
+    /// Gated DeltaNet inputs from the conv output mc [T, 2·Hk·dk + vd] ([q | k | v] per row):
+    /// q, k [T, Hk·dk] l2-normed per head (eps inside the root), q then scaled by `qscale`;
+    /// v [T, vd] copied.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gdn_split_qkv(
+        &self,
+        mc: &impl DevicePtr<f32>,
+        t: usize,
+        hk: usize,
+        dk: usize,
+        vd: usize,
+        qscale: f32,
+        eps: f32,
+        q: &mut impl DevicePtrMut<f32>,
+        k: &mut impl DevicePtrMut<f32>,
+        v: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        let kd = hk * dk;
+        ensure!(
+            mc.len() == t * (2 * kd + vd),
+            "gdn_split_qkv: mc has {} values, not [T={t}, {}]",
+            mc.len(),
+            2 * kd + vd
+        );
+        ensure!(
+            q.len() == t * kd && k.len() == t * kd && v.len() == t * vd,
+            "gdn_split_qkv: q/k must be [T={t}, {kd}] and v [T={t}, {vd}]"
+        );
+        if t == 0 {
+            return Ok(());
+        }
+        let f = self.func(Module::Glue, "gdn_split_qkv_f32")?;
+        let vblocks = vd.div_ceil(128 * 8);
+        let cfg = LaunchConfig {
+            grid_dim: (t as u32, (2 * hk + vblocks) as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let dims = [as_i32(hk, "hk")?, as_i32(dk, "dk")?, as_i32(vd, "vd")?];
+        guard("gdn_split_qkv", || {
+            let st = self.stream();
+            let (mp, qp, kp, vp) = (
+                dptr(mc, st),
+                dptr_mut(q, st),
+                dptr_mut(k, st),
+                dptr_mut(v, st),
+            );
+            let mut b = st.launch_builder(&f);
+            b.arg(&mp).arg(&qp).arg(&kp).arg(&vp);
+            for d in &dims {
+                b.arg(d);
+            }
+            b.arg(&qscale).arg(&eps);
+            // SAFETY: argument types match `gdn_split_qkv_f32`; shapes checked.
+            unsafe { b.launch(cfg) }
+                .map(|_| ())
+                .map_err(launch_err("gdn_split_qkv_f32"))
+        })
+    }
+
+    /// Per (row, value head): `beta = sigmoid(b_raw)`, `g = neg_exp_a[h] · softplus(a_raw +
+    /// dt_bias[h])` (softplus linear above 20, as torch's). braw, araw, g, beta [T, Hv].
+    #[allow(clippy::too_many_arguments)]
+    pub fn gdn_gate_beta(
+        &self,
+        braw: &impl DevicePtr<f32>,
+        araw: &impl DevicePtr<f32>,
+        neg_exp_a: &CudaSlice<f32>,
+        dt_bias: &CudaSlice<f32>,
+        g: &mut impl DevicePtrMut<f32>,
+        beta: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        let hv = neg_exp_a.len();
+        let n = braw.len();
+        ensure!(
+            hv > 0
+                && dt_bias.len() == hv
+                && n % hv == 0
+                && araw.len() == n
+                && g.len() == n
+                && beta.len() == n,
+            "gdn_gate_beta: braw {n}, araw {}, g {}, beta {} values for Hv = {hv}",
+            araw.len(),
+            g.len(),
+            beta.len()
+        );
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.func(Module::Glue, "gdn_gate_beta_f32")?;
+        let (n_i, hv_i) = (as_i32(n, "n")?, as_i32(hv, "hv")?);
+        guard("gdn_gate_beta", || {
+            let st = self.stream();
+            let (bp, ap, gp, betap) = (
+                dptr(braw, st),
+                dptr(araw, st),
+                dptr_mut(g, st),
+                dptr_mut(beta, st),
+            );
+            let mut b = st.launch_builder(&f);
+            b.arg(&bp)
+                .arg(&ap)
+                .arg(neg_exp_a)
+                .arg(dt_bias)
+                .arg(&gp)
+                .arg(&betap)
+                .arg(&n_i)
+                .arg(&hv_i);
+            // SAFETY: argument types match `gdn_gate_beta_f32`; lengths checked.
+            unsafe { b.launch(grid_1d(n as u64)) }
+                .map(|_| ())
+                .map_err(launch_err("gdn_gate_beta_f32"))
+        })
+    }
+
+    /// Gated RMSNorm per head of n = w.len() values: `o = o / sqrt(mean(o²) + eps) · w ·
+    /// silu(z)`; o, z [rows, n].
+    pub fn rms_norm_gated(
+        &self,
+        o: &mut impl DevicePtrMut<f32>,
+        z: &impl DevicePtr<f32>,
+        w: &CudaSlice<f32>,
+        eps: f32,
+    ) -> Result<()> {
+        let n = w.len();
+        ensure!(
+            n > 0 && o.len() % n == 0 && z.len() == o.len(),
+            "rms_norm_gated: o {} values, z {}, head size {n}",
+            o.len(),
+            z.len()
+        );
+        let rows = o.len() / n;
+        if rows == 0 {
+            return Ok(());
+        }
+        let f = self.func(Module::Glue, "rms_norm_gated_f32")?;
+        let n_i = as_i32(n, "n")?;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        guard("rms_norm_gated", || {
+            let st = self.stream();
+            let (op, zp) = (dptr_mut(o, st), dptr(z, st));
+            let mut b = st.launch_builder(&f);
+            b.arg(&op).arg(&zp).arg(w).arg(&n_i).arg(&eps);
+            // SAFETY: argument types match `rms_norm_gated_f32`; lengths checked.
+            unsafe { b.launch(cfg) }
+                .map(|_| ())
+                .map_err(launch_err("rms_norm_gated_f32"))
+        })
+    }
+
+    /// `dst[j, :] = src[idx[j], :]` for the idx.len() rows of `len` values (src and dst must
+    /// not overlap; every idx must be a row of src — the callers pass checked tree rows).
+    pub fn gather_rows(
+        &self,
+        src: &impl DevicePtr<f32>,
+        idx: &impl DevicePtr<i32>,
+        len: usize,
+        dst: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        let n = idx.len();
+        ensure!(
+            len > 0 && dst.len() == n * len && src.len() % len == 0,
+            "gather_rows: src {} values, dst {}, {n} rows of {len}",
+            src.len(),
+            dst.len()
+        );
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.func(Module::Glue, "gather_rows_f32")?;
+        let len_i = as_i32(len, "len")?;
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        guard("gather_rows", || {
+            let st = self.stream();
+            let (sp, ip, dp) = (dptr(src, st), dptr(idx, st), dptr_mut(dst, st));
+            let mut b = st.launch_builder(&f);
+            b.arg(&sp).arg(&dp).arg(&ip).arg(&len_i);
+            // SAFETY: argument types match `gather_rows_f32`; lengths checked.
+            unsafe { b.launch(cfg) }
+                .map(|_| ())
+                .map_err(launch_err("gather_rows_f32"))
+        })
+    }
+}

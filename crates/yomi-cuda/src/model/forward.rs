@@ -1,0 +1,624 @@
+//! One pass of the model on the device and the commit of its accepted rows: the CUDA twin of
+//! crates/yomi-models/src/model/forward.rs, op for op, under the same DESIGN §4 contract (the
+//! pass writes K/V after the committed rows and keeps each GDN row's k, v, g, β and conv window;
+//! committed recurrent and conv states are only read until `commit`).
+//!
+//! A pass runs as sub-passes of at most [`MAX_ROWS`] rows. A tree must fit in one; a longer
+//! chain (a prefill chunk) runs its sub-passes in order, each starting from the previous one's
+//! K/V rows, final GDN state and last conv window, which is the chain's own recurrence cut in
+//! pieces. Such a chain can only be committed whole (prefill does).
+
+use anyhow::{Result, bail};
+use cudarc::driver::CudaSlice;
+use yomi_core::TreeBatch;
+use yomi_models::LogitRows;
+
+use super::CudaModel;
+use super::state::{CudaState, DevLayerState, MAX_ROWS};
+use super::weights::{DevAttn, DevGdn, DevMixer};
+use crate::attention::AttnDims;
+use crate::ops::GdnDeviceRows;
+use yomi_core::GdnShape;
+
+/// The GDN q/k l2-norm epsilon (inside the root), as on the CPU.
+const L2_EPS: f32 = 1e-6;
+
+/// Where one sub-pass sits in its pass.
+#[derive(Clone, Copy)]
+struct Sub {
+    /// Rows committed before the pass.
+    committed: usize,
+    /// First row of the sub-pass within the pass.
+    off: usize,
+    /// Rows in the sub-pass.
+    n: usize,
+    /// The pass is a chain.
+    chain: bool,
+}
+
+impl CudaModel {
+    pub(super) fn run_forward(
+        &self,
+        st: &mut CudaState,
+        committed: usize,
+        tokens: &[u32],
+        tree: &TreeBatch,
+        which: LogitRows,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.run_forward_opt(st, committed, tokens, tree, which, Some(logits))
+    }
+
+    /// [`CudaModel::run_forward`]; with `logits` None the LM head still runs for the rows
+    /// `which` selects but nothing is copied back (benchmarks time the device's pass alone).
+    pub(super) fn run_forward_opt(
+        &self,
+        st: &mut CudaState,
+        committed: usize,
+        tokens: &[u32],
+        tree: &TreeBatch,
+        which: LogitRows,
+        mut logits: Option<&mut Vec<f32>>,
+    ) -> Result<()> {
+        let t = tokens.len();
+        let chain = tree.is_chain();
+        if !chain && t > MAX_ROWS {
+            bail!("a tree pass on CUDA takes at most {MAX_ROWS} rows, not {t}");
+        }
+        let v = self.cfg.vocab_size;
+        let rows_out = match which {
+            LogitRows::All => t,
+            LogitRows::Last => 1,
+            LogitRows::None => 0,
+        };
+        if let Some(l) = logits.as_deref_mut() {
+            l.resize(rows_out * v, 0.0);
+        }
+        let mut off = 0;
+        while off < t {
+            let n = (t - off).min(MAX_ROWS);
+            let sub = Sub {
+                committed,
+                off,
+                n,
+                chain,
+            };
+            self.sub_pass(st, sub, tokens, tree, which, logits.as_deref_mut())?;
+            st.pend_rows = n;
+            off += n;
+        }
+        st.pend_multi = t > MAX_ROWS;
+        Ok(())
+    }
+
+    /// Uploads the sub-pass's token ids, positions, parents, ancestor bits and committed length.
+    fn upload_inputs(
+        &self,
+        st: &mut CudaState,
+        sub: Sub,
+        tokens: &[u32],
+        tree: &TreeBatch,
+    ) -> Result<()> {
+        let Sub {
+            committed,
+            off,
+            n,
+            chain,
+        } = sub;
+        let dev = &*self.dev;
+        let b = &mut st.buf;
+        b.host_i32.clear();
+        b.host_i32
+            .extend(tokens[off..off + n].iter().map(|&x| x as i32));
+        dev.upload_into(&b.host_i32, &mut b.ids.slice_mut(0..n))?;
+        b.host_i32.clear();
+        if chain {
+            b.host_i32
+                .extend((0..n).map(|i| (committed + off + i) as i32));
+        } else {
+            b.host_i32
+                .extend((0..n).map(|i| (committed + tree.depth(i) as usize) as i32));
+        }
+        dev.upload_into(&b.host_i32, &mut b.pos.slice_mut(0..n))?;
+        b.host_i32.clear();
+        if chain {
+            b.host_i32.extend((0..n as i32).map(|i| i - 1));
+        } else {
+            b.host_i32.extend_from_slice(&tree.parents()[..n]);
+        }
+        dev.upload_into(&b.host_i32, &mut b.parents.slice_mut(0..n))?;
+        b.host_u64.clear();
+        for i in 0..n {
+            let mut bits = 0u64;
+            for j in 0..=i {
+                if chain || tree.is_ancestor_or_self(j, i) {
+                    bits |= 1 << j;
+                }
+            }
+            b.host_u64.push(bits);
+        }
+        dev.upload_into(&b.host_u64, &mut b.anc.slice_mut(0..n))?;
+        dev.upload_into(&[(committed + off) as i32], &mut b.committed)?;
+        Ok(())
+    }
+
+    fn sub_pass(
+        &self,
+        st: &mut CudaState,
+        sub: Sub,
+        tokens: &[u32],
+        tree: &TreeBatch,
+        which: LogitRows,
+        logits: Option<&mut Vec<f32>>,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let dev = &*self.dev;
+        let w = &self.w;
+        let n = sub.n;
+        let h_sz = cfg.hidden_size;
+        let eps = cfg.rms_norm_eps;
+        self.upload_inputs(st, sub, tokens, tree)?;
+        dev.embed(
+            &w.embed,
+            &st.buf.ids.slice(0..n),
+            &mut st.buf.h.slice_mut(0..n * h_sz),
+        )?;
+        for (li, layer) in w.layers.iter().enumerate() {
+            let b = &mut st.buf;
+            dev.rms_norm(
+                &b.h.slice(0..n * h_sz),
+                &layer.input_norm,
+                eps,
+                &mut b.x.slice_mut(0..n * h_sz),
+            )?;
+            match (&layer.mixer, &mut st.layers[li]) {
+                (DevMixer::Attention(aw), DevLayerState::Attention { k, v }) => {
+                    self.attention(aw, k, v, st.capacity, &mut st.buf, sub)?
+                }
+                (DevMixer::Gdn(gw), ls @ DevLayerState::Gdn { .. }) => {
+                    self.gdn(gw, ls, &mut st.buf, sub)?
+                }
+                _ => bail!("layer {li}: device state kind does not match the weights"),
+            }
+            let b = &mut st.buf;
+            dev.add_inplace(&mut b.h.slice_mut(0..n * h_sz), &b.y.slice(0..n * h_sz))?;
+            dev.rms_norm(
+                &b.h.slice(0..n * h_sz),
+                &layer.post_norm,
+                eps,
+                &mut b.x.slice_mut(0..n * h_sz),
+            )?;
+            let i_sz = cfg.intermediate_size;
+            let x = b.x.slice(0..n * h_sz);
+            dev.linear(
+                &x,
+                n,
+                &layer.gate,
+                None,
+                &mut b.mlp_g.slice_mut(0..n * i_sz),
+            )?;
+            dev.linear(&x, n, &layer.up, None, &mut b.mlp_u.slice_mut(0..n * i_sz))?;
+            dev.swiglu(
+                &mut b.mlp_g.slice_mut(0..n * i_sz),
+                &b.mlp_u.slice(0..n * i_sz),
+            )?;
+            dev.linear(
+                &b.mlp_g.slice(0..n * i_sz),
+                n,
+                &layer.down,
+                None,
+                &mut b.y.slice_mut(0..n * h_sz),
+            )?;
+            dev.add_inplace(&mut b.h.slice_mut(0..n * h_sz), &b.y.slice(0..n * h_sz))?;
+        }
+        // Final norm and LM head on the rows whose logits are wanted.
+        let total = tree.len();
+        let (r0, k, dst) = match which {
+            LogitRows::All => (0, n, sub.off),
+            LogitRows::Last if sub.off + n == total => (n - 1, 1, 0),
+            _ => return Ok(()),
+        };
+        let v = cfg.vocab_size;
+        let b = &mut st.buf;
+        dev.rms_norm(
+            &b.h.slice(r0 * h_sz..(r0 + k) * h_sz),
+            &w.final_norm,
+            eps,
+            &mut b.rows.slice_mut(0..k * h_sz),
+        )?;
+        let head = w.lm_head.as_ref().unwrap_or(&w.embed);
+        dev.linear(
+            &b.rows.slice(0..k * h_sz),
+            k,
+            head,
+            None,
+            &mut b.logits.slice_mut(0..k * v),
+        )?;
+        if let Some(l) = logits {
+            dev.download_into(&b.logits.slice(0..k * v), &mut l[dst * v..(dst + k) * v])?;
+        }
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        w: &DevAttn,
+        kc: &mut CudaSlice<f32>,
+        vc: &mut CudaSlice<f32>,
+        capacity: usize,
+        b: &mut super::state::PassBuffers,
+        sub: Sub,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let dev = &*self.dev;
+        let n = sub.n;
+        let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let h_sz = cfg.hidden_size;
+        let x = b.x.slice(0..n * h_sz);
+        let qn = n * nh * hd;
+        dev.linear(
+            &x,
+            n,
+            &w.q,
+            w.q_bias.as_ref(),
+            &mut b.qf.slice_mut(0..n * w.q.rows),
+        )?;
+        // The pending rows' K/V go straight into the cache after the rows before this sub-pass.
+        let stride = nkv * hd;
+        let c0 = sub.committed + sub.off;
+        let kv_rows = c0 * stride..(c0 + n) * stride;
+        dev.linear(
+            &x,
+            n,
+            &w.k,
+            w.k_bias.as_ref(),
+            &mut kc.slice_mut(kv_rows.clone()),
+        )?;
+        dev.linear(
+            &x,
+            n,
+            &w.v,
+            w.v_bias.as_ref(),
+            &mut vc.slice_mut(kv_rows.clone()),
+        )?;
+        // q: its own buffer when gated (split from qf), else qf itself.
+        let gated = cfg.attn_output_gate;
+        if gated {
+            dev.split_q_gate(
+                &b.qf.slice(0..2 * qn),
+                hd,
+                &mut b.q.slice_mut(0..qn),
+                &mut b.gate.slice_mut(0..qn),
+            )?;
+        }
+        let qbuf = if gated { &mut b.q } else { &mut b.qf };
+        if let Some(qn_w) = &w.q_norm {
+            dev.rms_norm_inplace(&mut qbuf.slice_mut(0..qn), qn_w, cfg.rms_norm_eps)?;
+        }
+        if let Some(kn_w) = &w.k_norm {
+            dev.rms_norm_inplace(&mut kc.slice_mut(kv_rows.clone()), kn_w, cfg.rms_norm_eps)?;
+        }
+        let rot = cfg.rotary_dim;
+        let pos = b.pos.slice(0..n);
+        dev.rope_neox(
+            &mut qbuf.slice_mut(0..qn),
+            n,
+            nh,
+            hd,
+            rot,
+            &pos,
+            &self.w.inv_freq,
+        )?;
+        dev.rope_neox(
+            &mut kc.slice_mut(kv_rows),
+            n,
+            nkv,
+            hd,
+            rot,
+            &pos,
+            &self.w.inv_freq,
+        )?;
+        let scratch = b
+            .attn
+            .as_mut()
+            .ok_or_else(|| anyhow::anyhow!("attention scratch missing"))?;
+        let dims = AttnDims {
+            n_heads: nh,
+            n_kv: nkv,
+            head_dim: hd,
+        };
+        let qsrc = if gated { &b.q } else { &b.qf };
+        dev.attention_tree(
+            &qsrc.slice(0..qn),
+            kc,
+            vc,
+            &b.committed,
+            n,
+            &b.anc.slice(0..n),
+            1,
+            dims,
+            1.0 / (hd as f32).sqrt(),
+            capacity,
+            scratch,
+            &mut b.o.slice_mut(0..qn),
+        )?;
+        if gated {
+            dev.sigmoid_mul(&mut b.o.slice_mut(0..qn), &b.gate.slice(0..qn))?;
+        }
+        dev.linear(
+            &b.o.slice(0..qn),
+            n,
+            &w.o,
+            w.o_bias.as_ref(),
+            &mut b.y.slice_mut(0..n * h_sz),
+        )?;
+        Ok(())
+    }
+
+    fn gdn(
+        &self,
+        w: &DevGdn,
+        ls: &mut DevLayerState,
+        b: &mut super::state::PassBuffers,
+        sub: Sub,
+    ) -> Result<()> {
+        let DevLayerState::Gdn {
+            s,
+            conv,
+            fin,
+            spare,
+            carry,
+            pk,
+            pv,
+            pg,
+            pb,
+            pwin,
+        } = ls
+        else {
+            bail!("not a GDN layer state");
+        };
+        let cfg = &self.cfg;
+        let dev = &*self.dev;
+        let g = cfg
+            .gdn
+            .ok_or_else(|| anyhow::anyhow!("a GDN layer without a GDN config"))?;
+        let n = sub.n;
+        let h_sz = cfg.hidden_size;
+        let (hk, hv, dk, dv, kc) = (
+            g.num_key_heads,
+            g.num_value_heads,
+            g.key_head_dim,
+            g.value_head_dim,
+            g.conv_kernel,
+        );
+        let (c, kd, vd) = (g.conv_dim(), g.key_dim(), g.value_dim());
+        let wl = (kc - 1) * c;
+        let x = b.x.slice(0..n * h_sz);
+        dev.linear(&x, n, &w.qkv, None, &mut b.gdn_m.slice_mut(0..n * c))?;
+        dev.linear(&x, n, &w.z, None, &mut b.gdn_z.slice_mut(0..n * vd))?;
+        dev.linear(&x, n, &w.b, None, &mut b.braw.slice_mut(0..n * hv))?;
+        dev.linear(&x, n, &w.a, None, &mut b.araw.slice_mut(0..n * hv))?;
+        // A later sub-pass of a chain starts from the previous sub-pass's last conv window.
+        if sub.off > 0 {
+            dev.copy(&pwin.slice((MAX_ROWS - 1) * wl..MAX_ROWS * wl), carry)?;
+        }
+        let conv_state: &CudaSlice<f32> = if sub.off > 0 { carry } else { conv };
+        dev.conv1d_tree(
+            &b.gdn_m.slice(0..n * c),
+            c,
+            kc,
+            conv_state,
+            &w.conv,
+            &b.parents.slice(0..n),
+            n,
+            &mut b.gdn_mc.slice_mut(0..n * c),
+            &mut pwin.slice_mut(0..n * wl),
+        )?;
+        dev.gdn_split_qkv(
+            &b.gdn_mc.slice(0..n * c),
+            n,
+            hk,
+            dk,
+            vd,
+            1.0 / (dk as f32).sqrt(),
+            L2_EPS,
+            &mut b.gdn_q.slice_mut(0..n * kd),
+            &mut pk.slice_mut(0..n * kd),
+            &mut pv.slice_mut(0..n * vd),
+        )?;
+        dev.gdn_gate_beta(
+            &b.braw.slice(0..n * hv),
+            &b.araw.slice(0..n * hv),
+            &w.neg_exp_a,
+            &w.dt_bias,
+            &mut pg.slice_mut(0..n * hv),
+            &mut pb.slice_mut(0..n * hv),
+        )?;
+        let shape = GdnShape { hk, hv, dk, dv };
+        let (q, k, v, gg, bb) = (
+            b.gdn_q.slice(0..n * kd),
+            pk.slice(0..n * kd),
+            pv.slice(0..n * vd),
+            pg.slice(0..n * hv),
+            pb.slice(0..n * hv),
+        );
+        let rows = GdnDeviceRows {
+            q: &q,
+            k: &k,
+            v: &v,
+            g: &gg,
+            beta: &bb,
+        };
+        let parents = b.parents.slice(0..n);
+        let mut o = b.gdn_o.slice_mut(0..n * vd);
+        if !sub.chain {
+            dev.gdn_tree_verify(shape, n, &rows, &parents, s, &mut o, None)?;
+        } else if sub.off == 0 {
+            dev.gdn_tree_verify(shape, n, &rows, &parents, s, &mut o, Some(fin))?;
+        } else {
+            // Continue from the previous sub-pass's final state; the new one lands in `spare`.
+            dev.gdn_tree_verify(shape, n, &rows, &parents, fin, &mut o, Some(spare))?;
+            std::mem::swap(fin, spare);
+        }
+        dev.rms_norm_gated(
+            &mut b.gdn_o.slice_mut(0..n * vd),
+            &b.gdn_z.slice(0..n * vd),
+            &w.norm,
+            cfg.rms_norm_eps,
+        )?;
+        dev.linear(
+            &b.gdn_o.slice(0..n * vd),
+            n,
+            &w.out,
+            None,
+            &mut b.y.slice_mut(0..n * h_sz),
+        )?;
+        Ok(())
+    }
+
+    pub(super) fn run_commit(
+        &self,
+        st: &mut CudaState,
+        committed: usize,
+        tree: &TreeBatch,
+        accepted: &[usize],
+    ) -> Result<()> {
+        let n = accepted.len();
+        let t = tree.len();
+        let full_chain = tree.is_chain() && n == t;
+        if st.pend_multi && !full_chain {
+            bail!("a pass of {t} rows (more than {MAX_ROWS}) can only be committed whole on CUDA");
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let dev = &*self.dev;
+        let cfg = &self.cfg;
+        let p = committed;
+        if !full_chain {
+            st.buf.host_i32.clear();
+            st.buf.host_i32.extend(accepted.iter().map(|&a| a as i32));
+            dev.upload_into(&st.buf.host_i32, &mut st.buf.accepted.slice_mut(0..n))?;
+        }
+        // Row of the pending buffers that holds the last accepted row's conv window.
+        let last = if st.pend_multi {
+            st.pend_rows - 1
+        } else {
+            accepted[n - 1]
+        };
+        let b = &mut st.buf;
+        for ls in st.layers.iter_mut() {
+            match ls {
+                DevLayerState::Attention { k, v } => {
+                    let stride = cfg.num_kv_heads * cfg.head_dim;
+                    for (i, &a) in accepted.iter().enumerate() {
+                        if a != i {
+                            // Sources increase and a ≥ i: copying in order never clobbers a
+                            // later source.
+                            for cache in [&mut *k, &mut *v] {
+                                let (src, dst) = (p + a, p + i);
+                                let (mut lo, hi) = cache.split_at_mut(src * stride);
+                                dev.copy(
+                                    &hi.slice(0..stride),
+                                    &mut lo.slice_mut(dst * stride..(dst + 1) * stride),
+                                )?;
+                            }
+                        }
+                    }
+                }
+                DevLayerState::Gdn {
+                    s,
+                    conv,
+                    fin,
+                    spare,
+                    pk,
+                    pv,
+                    pg,
+                    pb,
+                    pwin,
+                    ..
+                } => {
+                    let g = cfg
+                        .gdn
+                        .ok_or_else(|| anyhow::anyhow!("a GDN layer without a GDN config"))?;
+                    let (kd, vd, hv) = (g.key_dim(), g.value_dim(), g.num_value_heads);
+                    if full_chain {
+                        std::mem::swap(s, fin);
+                    } else {
+                        // Replay: the accepted rows, compacted, form a chain from S; its final
+                        // state becomes S.
+                        let idx = b.accepted.slice(0..n);
+                        dev.gather_rows(
+                            &pk.slice(0..t * kd),
+                            &idx,
+                            kd,
+                            &mut b.ck.slice_mut(0..n * kd),
+                        )?;
+                        dev.gather_rows(
+                            &pv.slice(0..t * vd),
+                            &idx,
+                            vd,
+                            &mut b.cv.slice_mut(0..n * vd),
+                        )?;
+                        dev.gather_rows(
+                            &pg.slice(0..t * hv),
+                            &idx,
+                            hv,
+                            &mut b.cg.slice_mut(0..n * hv),
+                        )?;
+                        dev.gather_rows(
+                            &pb.slice(0..t * hv),
+                            &idx,
+                            hv,
+                            &mut b.cb.slice_mut(0..n * hv),
+                        )?;
+                        let (ck, cv, cg, cb) = (
+                            b.ck.slice(0..n * kd),
+                            b.cv.slice(0..n * vd),
+                            b.cg.slice(0..n * hv),
+                            b.cb.slice(0..n * hv),
+                        );
+                        let rows = GdnDeviceRows {
+                            q: &ck,
+                            k: &ck,
+                            v: &cv,
+                            g: &cg,
+                            beta: &cb,
+                        };
+                        let shape = GdnShape {
+                            hk: g.num_key_heads,
+                            hv,
+                            dk: g.key_head_dim,
+                            dv: g.value_head_dim,
+                        };
+                        dev.gdn_tree_verify(
+                            shape,
+                            n,
+                            &rows,
+                            &b.chain_parents.slice(0..n),
+                            s,
+                            &mut b.gdn_o.slice_mut(0..n * vd),
+                            Some(spare),
+                        )?;
+                        std::mem::swap(s, spare);
+                    }
+                    let wl = (g.conv_kernel - 1) * g.conv_dim();
+                    dev.copy(&pwin.slice(last * wl..(last + 1) * wl), conv)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn run_reset(&self, st: &mut CudaState) -> Result<()> {
+        for ls in st.layers.iter_mut() {
+            if let DevLayerState::Gdn { s, conv, .. } = ls {
+                self.dev.zero(s)?;
+                self.dev.zero(conv)?;
+            }
+        }
+        st.pend_rows = 0;
+        st.pend_multi = false;
+        Ok(())
+    }
+}

@@ -1,0 +1,178 @@
+//! Whole models on a CUDA device: the [`Accelerator`] that runs a loaded [`Model`]'s passes on
+//! the GPU (DESIGN §5). The host model keeps its weights and configuration; [`attach`] uploads
+//! the weights and hangs the accelerator on the model, after which `Model::forward`/`commit`
+//! (and so the engine, CLI and server) run here.
+
+mod forward;
+mod state;
+mod weights;
+
+use std::sync::Arc;
+
+use anyhow::{Result, anyhow};
+use yomi_core::TreeBatch;
+use yomi_models::{AccelState, Accelerator, LogitRows, Model, ModelConfig};
+
+use crate::device::CudaDevice;
+pub use state::{CudaState, MAX_ROWS};
+use weights::DevWeights;
+
+/// A model's weights on one device, ready to run passes.
+pub struct CudaModel {
+    dev: Arc<CudaDevice>,
+    cfg: ModelConfig,
+    w: DevWeights,
+}
+
+impl CudaModel {
+    /// Uploads `model`'s weights to `dev`; `progress(done, total)` as layers go up.
+    pub fn upload(
+        dev: Arc<CudaDevice>,
+        model: &Model,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        check_supported(&model.cfg)?;
+        let w = DevWeights::upload(&dev, model, progress)?;
+        dev.synchronize()?;
+        Ok(CudaModel {
+            dev,
+            cfg: model.cfg.clone(),
+            w,
+        })
+    }
+
+    pub fn device(&self) -> &CudaDevice {
+        &self.dev
+    }
+
+    /// Device bytes of the weight matrices (what one pass streams).
+    pub fn matrix_bytes(&self) -> usize {
+        self.w.matrix_bytes()
+    }
+
+    /// A device state for up to `capacity` tokens, for benchmarks that drive passes directly.
+    pub fn new_cuda_state(&self, capacity: usize) -> Result<CudaState> {
+        CudaState::new(&self.dev, &self.cfg, capacity)
+    }
+
+    /// One pass over `tokens`/`tree` from the state's `committed` rows, LM head on every row,
+    /// nothing copied back; waits for the device. For timing: the pass is left pending.
+    pub fn timed_pass(
+        &self,
+        st: &mut CudaState,
+        committed: usize,
+        tokens: &[u32],
+        tree: &TreeBatch,
+    ) -> Result<()> {
+        self.run_forward_opt(st, committed, tokens, tree, LogitRows::All, None)?;
+        self.dev.synchronize()?;
+        Ok(())
+    }
+
+    /// Runs `tokens` as one chain after `committed` rows with no logits and commits it whole.
+    pub fn prefill_chain(
+        &self,
+        st: &mut CudaState,
+        committed: usize,
+        tokens: &[u32],
+    ) -> Result<()> {
+        let tree = TreeBatch::chain(tokens.len());
+        self.run_forward_opt(st, committed, tokens, &tree, LogitRows::None, None)?;
+        let all: Vec<usize> = (0..tokens.len()).collect();
+        self.run_commit(st, committed, &tree, &all)
+    }
+
+    /// Commits rows of the pending pass (see [`Accelerator::commit`]).
+    pub fn commit_rows(
+        &self,
+        st: &mut CudaState,
+        committed: usize,
+        tree: &TreeBatch,
+        accepted: &[usize],
+    ) -> Result<()> {
+        self.run_commit(st, committed, tree, accepted)
+    }
+
+    fn state<'a>(&self, st: &'a mut dyn AccelState) -> Result<&'a mut CudaState> {
+        st.as_any_mut()
+            .downcast_mut::<CudaState>()
+            .ok_or_else(|| anyhow!("a device state from another backend"))
+    }
+}
+
+/// What the kernels need of the shapes; anything else is a clear error before any upload.
+fn check_supported(cfg: &ModelConfig) -> Result<()> {
+    if let Some(g) = cfg.gdn {
+        if g.key_head_dim > 128 || g.key_head_dim % 8 != 0 || g.value_head_dim % 32 != 0 {
+            anyhow::bail!(
+                "the CUDA backend needs GDN key heads of at most 128 (multiple of 8) and value \
+                 heads a multiple of 32; this model has {} and {}",
+                g.key_head_dim,
+                g.value_head_dim
+            );
+        }
+        if g.conv_kernel > 8 || g.conv_kernel < 2 {
+            anyhow::bail!(
+                "the CUDA backend takes conv kernels of 2..=8, not {}",
+                g.conv_kernel
+            );
+        }
+    }
+    Ok(())
+}
+
+impl Accelerator for CudaModel {
+    fn describe(&self) -> String {
+        format!("cuda:{} ({})", self.dev.ordinal(), self.dev.name())
+    }
+
+    fn max_tree_rows(&self) -> usize {
+        MAX_ROWS
+    }
+
+    fn new_state(&self, capacity: usize) -> Result<Box<dyn AccelState>> {
+        Ok(Box::new(CudaState::new(&self.dev, &self.cfg, capacity)?))
+    }
+
+    fn forward(
+        &self,
+        st: &mut dyn AccelState,
+        committed: usize,
+        tokens: &[u32],
+        tree: &TreeBatch,
+        which: LogitRows,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
+        let st = self.state(st)?;
+        self.run_forward(st, committed, tokens, tree, which, logits)
+    }
+
+    fn commit(
+        &self,
+        st: &mut dyn AccelState,
+        committed: usize,
+        tree: &TreeBatch,
+        accepted: &[usize],
+    ) -> Result<()> {
+        let st = self.state(st)?;
+        self.run_commit(st, committed, tree, accepted)
+    }
+
+    fn reset(&self, st: &mut dyn AccelState) -> Result<()> {
+        let st = self.state(st)?;
+        self.run_reset(st)
+    }
+}
+
+/// Opens CUDA device `ordinal`, uploads `model`'s weights there and makes the model run its
+/// passes on it.
+pub fn attach(
+    model: &mut Model,
+    ordinal: usize,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<()> {
+    let dev = Arc::new(CudaDevice::open(ordinal)?);
+    let cm = CudaModel::upload(dev, model, progress)?;
+    model.accel = Some(Arc::new(cm));
+    Ok(())
+}

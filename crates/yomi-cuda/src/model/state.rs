@@ -1,0 +1,209 @@
+//! A sequence's state on the device (DESIGN §4): KV caches and Gated DeltaNet states, the
+//! pending rows of the last pass, and the per-pass buffers (sized once for [`MAX_ROWS`] rows, so
+//! a pass allocates nothing).
+
+use std::any::Any;
+
+use anyhow::Result;
+use cudarc::driver::CudaSlice;
+use yomi_models::{AccelState, LayerKind, ModelConfig};
+
+use crate::attention::{AttnDims, AttnScratch};
+use crate::device::CudaDevice;
+
+/// Rows one sub-pass takes (the GEMV and GDN verify kernels' limit). Longer chains (prefill)
+/// run as consecutive sub-passes; trees must fit in one.
+pub const MAX_ROWS: usize = 32;
+
+// One value per layer, built once: the size difference between the variants does not matter.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum DevLayerState {
+    Attention {
+        /// [capacity, n_kv, hd]
+        k: CudaSlice<f32>,
+        v: CudaSlice<f32>,
+    },
+    Gdn {
+        /// Committed recurrent state [Hv, dk, dv].
+        s: CudaSlice<f32>,
+        /// Committed conv state [K−1, C].
+        conv: CudaSlice<f32>,
+        /// State after the last row of the pending chain.
+        fin: CudaSlice<f32>,
+        /// Second state buffer: sub-pass ping-pong and commit replay target.
+        spare: CudaSlice<f32>,
+        /// The conv window a sub-pass starts from (the previous sub-pass's last row's).
+        carry: CudaSlice<f32>,
+        /// Pending per-row values of the last sub-pass: k [R, Hk·dk], v [R, Hv·dv], g, β [R, Hv],
+        /// conv windows [R, K−1, C].
+        pk: CudaSlice<f32>,
+        pv: CudaSlice<f32>,
+        pg: CudaSlice<f32>,
+        pb: CudaSlice<f32>,
+        pwin: CudaSlice<f32>,
+    },
+}
+
+/// Scratch for one sub-pass of up to R rows.
+pub(super) struct PassBuffers {
+    pub ids: CudaSlice<i32>,
+    pub pos: CudaSlice<i32>,
+    pub parents: CudaSlice<i32>,
+    /// Parents of a chain, [−1, 0, 1, …] (the commit replay's topology).
+    pub chain_parents: CudaSlice<i32>,
+    /// Accepted row indices (commit).
+    pub accepted: CudaSlice<i32>,
+    pub anc: CudaSlice<u64>,
+    /// Rows committed before the sub-pass (device scalar, read by the attention kernels).
+    pub committed: CudaSlice<i32>,
+    pub h: CudaSlice<f32>,
+    pub x: CudaSlice<f32>,
+    pub y: CudaSlice<f32>,
+    pub qf: CudaSlice<f32>,
+    pub q: CudaSlice<f32>,
+    pub gate: CudaSlice<f32>,
+    pub o: CudaSlice<f32>,
+    pub mlp_g: CudaSlice<f32>,
+    pub mlp_u: CudaSlice<f32>,
+    pub gdn_m: CudaSlice<f32>,
+    pub gdn_mc: CudaSlice<f32>,
+    pub gdn_z: CudaSlice<f32>,
+    pub braw: CudaSlice<f32>,
+    pub araw: CudaSlice<f32>,
+    pub gdn_q: CudaSlice<f32>,
+    pub gdn_o: CudaSlice<f32>,
+    /// Compacted accepted rows for the commit replay: k, v, g, β.
+    pub ck: CudaSlice<f32>,
+    pub cv: CudaSlice<f32>,
+    pub cg: CudaSlice<f32>,
+    pub cb: CudaSlice<f32>,
+    pub rows: CudaSlice<f32>,
+    pub logits: CudaSlice<f32>,
+    pub attn: Option<AttnScratch>,
+    /// Host staging of the per-pass inputs.
+    pub host_i32: Vec<i32>,
+    pub host_u64: Vec<u64>,
+}
+
+pub struct CudaState {
+    pub(super) capacity: usize,
+    pub(super) layers: Vec<DevLayerState>,
+    pub(super) buf: PassBuffers,
+    /// Rows of the pending pass's last sub-pass and whether the pass had more than one.
+    pub(super) pend_rows: usize,
+    pub(super) pend_multi: bool,
+}
+
+impl AccelState for CudaState {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+impl CudaState {
+    pub(super) fn new(dev: &CudaDevice, cfg: &ModelConfig, capacity: usize) -> Result<Self> {
+        const R: usize = MAX_ROWS;
+        let z = |n: usize| -> Result<CudaSlice<f32>> { Ok(dev.alloc_zeros::<f32>(n.max(1))?) };
+        let zi = |n: usize| -> Result<CudaSlice<i32>> { Ok(dev.alloc_zeros::<i32>(n.max(1))?) };
+        let kv = capacity * cfg.num_kv_heads * cfg.head_dim;
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for kind in &cfg.layer_kinds {
+            layers.push(match kind {
+                LayerKind::Attention => DevLayerState::Attention {
+                    k: z(kv)?,
+                    v: z(kv)?,
+                },
+                LayerKind::GatedDeltaNet => {
+                    let g = cfg
+                        .gdn
+                        .ok_or_else(|| anyhow::anyhow!("a GDN layer without a GDN config"))?;
+                    let sl = g.num_value_heads * g.key_head_dim * g.value_head_dim;
+                    let wl = (g.conv_kernel - 1) * g.conv_dim();
+                    DevLayerState::Gdn {
+                        s: z(sl)?,
+                        conv: z(wl)?,
+                        fin: z(sl)?,
+                        spare: z(sl)?,
+                        carry: z(wl)?,
+                        pk: z(R * g.key_dim())?,
+                        pv: z(R * g.value_dim())?,
+                        pg: z(R * g.num_value_heads)?,
+                        pb: z(R * g.num_value_heads)?,
+                        pwin: z(R * wl)?,
+                    }
+                }
+            });
+        }
+        let h = cfg.hidden_size;
+        let nh_hd = cfg.num_heads * cfg.head_dim;
+        let q_rows = if cfg.attn_output_gate {
+            2 * nh_hd
+        } else {
+            nh_hd
+        };
+        let (c, kd, vd, hv) = match cfg.gdn {
+            Some(g) => (g.conv_dim(), g.key_dim(), g.value_dim(), g.num_value_heads),
+            None => (0, 0, 0, 0),
+        };
+        let has_attn = cfg.layer_kinds.contains(&LayerKind::Attention);
+        let attn = if has_attn {
+            Some(AttnScratch::new(
+                dev,
+                R,
+                AttnDims {
+                    n_heads: cfg.num_heads,
+                    n_kv: cfg.num_kv_heads,
+                    head_dim: cfg.head_dim,
+                },
+                capacity,
+            )?)
+        } else {
+            None
+        };
+        let chain: Vec<i32> = (0..R as i32).map(|i| i - 1).collect();
+        let buf = PassBuffers {
+            ids: zi(R)?,
+            pos: zi(R)?,
+            parents: zi(R)?,
+            chain_parents: dev.upload(&chain)?,
+            accepted: zi(R)?,
+            anc: dev.alloc_zeros::<u64>(R)?,
+            committed: zi(1)?,
+            h: z(R * h)?,
+            x: z(R * h)?,
+            y: z(R * h)?,
+            qf: z(R * q_rows)?,
+            q: z(R * nh_hd)?,
+            gate: z(R * nh_hd)?,
+            o: z(R * nh_hd)?,
+            mlp_g: z(R * cfg.intermediate_size)?,
+            mlp_u: z(R * cfg.intermediate_size)?,
+            gdn_m: z(R * c)?,
+            gdn_mc: z(R * c)?,
+            gdn_z: z(R * vd)?,
+            braw: z(R * hv)?,
+            araw: z(R * hv)?,
+            gdn_q: z(R * kd)?,
+            gdn_o: z(R * vd)?,
+            ck: z(R * kd)?,
+            cv: z(R * vd)?,
+            cg: z(R * hv)?,
+            cb: z(R * hv)?,
+            rows: z(R * h)?,
+            logits: z(R * cfg.vocab_size)?,
+            attn,
+            host_i32: Vec::with_capacity(R),
+            host_u64: Vec::with_capacity(R),
+        };
+        Ok(CudaState {
+            capacity,
+            layers,
+            buf,
+            pend_rows: 0,
+            pend_multi: false,
+        })
+    }
+}

@@ -1,0 +1,405 @@
+//! Whole models on the GPU against Hugging Face's references and the CPU backend. All
+//! `#[ignore]`d: they need a CUDA device (run on the lent H200, see bench/RESULTS.md):
+//!
+//! ```text
+//! cargo test --release -p yomi-cuda --test gpu_model --no-run     # here; carry the binary
+//! YOMI_FIXTURES=<dir with qwen35-tiny, qwen35-realdims> YOMI_SMOLLM2=<.gguf> \
+//!   ./gpu_model-<hash> --ignored --test-threads=1 --nocapture     # there
+//! ```
+//!
+//! Lines starting with `RESULT` are the numbers to keep. Tolerances (all f32, only the order of
+//! summation differs between the backends, and HF's is a third order):
+//! - prefill / tree / decode logits vs HF: max |Δ| ≤ 2e-4 (the CPU backend's own tests allow
+//!   1e-4 for prefill and 2e-4 for tree rows against the same references);
+//! - GPU vs CPU on the same pass: max |Δ| ≤ 1e-4;
+//! - greedy ids: identical; speculative == plain: identical token for token.
+
+use std::path::{Path, PathBuf};
+
+use yomi_core::{SamplerParams, TreeBatch};
+use yomi_engine::generate::DraftMode;
+use yomi_engine::stats::StatsRecorder;
+use yomi_engine::{Engine, EngineOptions, GenerateParams, Generation};
+use yomi_models::{LogitRows, Model, State};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `$YOMI_FIXTURES/name`, else `../shared/fixtures/name` beside the repo.
+fn fixture(name: &str) -> PathBuf {
+    let base = std::env::var_os("YOMI_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("../shared/fixtures"));
+    let p = base.join(name);
+    assert!(p.is_dir(), "fixture {} not found", p.display());
+    p
+}
+
+fn test_data(name: &str) -> PathBuf {
+    repo().join("tests/data").join(name)
+}
+
+fn engine(path: &Path, ctx: usize) -> Engine {
+    let opts = EngineOptions {
+        context_size: Some(ctx),
+        threads: None,
+    };
+    Engine::load(path, &opts, &mut |_, _| {}).expect("load engine")
+}
+
+/// The same model twice: on the CPU and on GPU 0.
+fn pair(path: &Path, ctx: usize) -> (Engine, Engine) {
+    let cpu = engine(path, ctx);
+    let mut gpu = engine(path, ctx);
+    yomi_cuda::model::attach(&mut gpu.model, 0, &mut |_, _| {}).expect("attach the GPU");
+    (cpu, gpu)
+}
+
+struct Reference {
+    f32s: std::collections::HashMap<String, Vec<f32>>,
+    ints: std::collections::HashMap<String, Vec<i64>>,
+}
+
+impl Reference {
+    fn open(dir: &Path) -> Self {
+        let bytes = std::fs::read(dir.join("reference.safetensors")).expect("read reference");
+        let st = safetensors::SafeTensors::deserialize(&bytes).expect("parse reference");
+        let mut f32s = std::collections::HashMap::new();
+        let mut ints = std::collections::HashMap::new();
+        for (name, view) in st.tensors() {
+            let d = view.data();
+            match view.dtype() {
+                safetensors::Dtype::F32 => {
+                    let v = d
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect();
+                    f32s.insert(name, v);
+                }
+                safetensors::Dtype::I64 => {
+                    let v = d
+                        .chunks_exact(8)
+                        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+                        .collect();
+                    ints.insert(name, v);
+                }
+                _ => {}
+            }
+        }
+        Reference { f32s, ints }
+    }
+    fn f(&self, name: &str) -> &[f32] {
+        &self.f32s[name]
+    }
+    fn ids(&self, name: &str) -> Vec<u32> {
+        self.ints[name].iter().map(|&x| x as u32).collect()
+    }
+    fn parents(&self, name: &str) -> Vec<i32> {
+        self.ints[name].iter().map(|&x| x as i32).collect()
+    }
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            assert!(x.is_finite(), "non-finite logit");
+            (x - y).abs()
+        })
+        .fold(0.0, f32::max)
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    yomi_core::sampling::argmax(x)
+}
+
+/// One pass over a chain of `ids` from the state, committed whole; logits of every row.
+fn chain_all(m: &Model, st: &mut State, ids: &[u32]) -> Vec<f32> {
+    let mut logits = Vec::new();
+    m.forward(
+        st,
+        ids,
+        &TreeBatch::chain(ids.len()),
+        LogitRows::All,
+        &mut logits,
+    )
+    .expect("forward");
+    let all: Vec<usize> = (0..ids.len()).collect();
+    m.commit(st, &all).expect("commit");
+    logits
+}
+
+/// Greedy decoding through forward/commit, one row per pass; returns (ids, logits).
+fn greedy(m: &Model, st: &mut State, first_logits: &[f32], n: usize) -> (Vec<u32>, Vec<f32>) {
+    let v = m.cfg.vocab_size;
+    let mut ids = Vec::new();
+    let mut all = Vec::new();
+    let mut last = first_logits.to_vec();
+    let mut logits = Vec::new();
+    for _ in 0..n {
+        let next = argmax(&last);
+        ids.push(next);
+        all.extend_from_slice(&last);
+        m.forward(
+            st,
+            &[next],
+            &TreeBatch::chain(1),
+            LogitRows::Last,
+            &mut logits,
+        )
+        .expect("decode");
+        m.commit(st, &[0]).expect("commit");
+        last.copy_from_slice(&logits[..v]);
+    }
+    (ids, all)
+}
+
+/// Prefill, greedy decode, one long chain (sub-passes), the HF draft tree and a commit of one of
+/// its paths, each on the GPU against HF's reference and the CPU.
+fn check_against_reference(name: &str, dir: &Path, has_tree: bool) {
+    let r = Reference::open(dir);
+    let (cpu, gpu) = pair(dir, 1024);
+    let (cm, gm) = (&cpu.model, &gpu.model);
+    let v = cm.cfg.vocab_size;
+    let prompt = r.ids("prompt_ids");
+    let t = prompt.len();
+
+    let mut gs = gpu.new_state();
+    let mut cs = cpu.new_state();
+    let g_pre = chain_all(gm, &mut gs, &prompt);
+    let c_pre = chain_all(cm, &mut cs, &prompt);
+    let hf = max_abs_diff(&g_pre, r.f("prefill_logits"));
+    let vs_cpu = max_abs_diff(&g_pre, &c_pre);
+    println!("RESULT {name} prefill T={t}: max|gpu-hf| {hf:.2e}, max|gpu-cpu| {vs_cpu:.2e}");
+    assert!(hf <= 2e-4 && vs_cpu <= 1e-4, "{name}: prefill logits");
+
+    let greedy_ref = r.ids("greedy_ids");
+    let n = greedy_ref.len();
+    let (ids, logits) = greedy(gm, &mut gs, &g_pre[(t - 1) * v..], n);
+    let dl = max_abs_diff(&logits, r.f("greedy_logits"));
+    println!(
+        "RESULT {name} greedy {n} tokens: identical {}, max|gpu-hf| {dl:.2e}",
+        ids == greedy_ref
+    );
+    assert_eq!(ids, greedy_ref, "{name}: greedy ids");
+    assert!(dl <= 2e-4, "{name}: greedy logits");
+
+    // Prompt + greedy ids as one chain: sub-passes of 32 rows.
+    let mut seq = prompt.clone();
+    seq.extend_from_slice(&greedy_ref);
+    let mut gs2 = gpu.new_state();
+    let full = chain_all(gm, &mut gs2, &seq);
+    let df = max_abs_diff(&full, r.f("full_sequence_logits"));
+    println!(
+        "RESULT {name} one chain of {} rows: max|gpu-hf| {df:.2e}",
+        seq.len()
+    );
+    assert!(df <= 2e-4, "{name}: full-sequence logits");
+
+    if !has_tree {
+        return;
+    }
+    let parents = r.parents("tree_parents");
+    let tokens = r.ids("tree_tokens");
+    let tree = TreeBatch::from_parents(&parents).expect("tree");
+    let mut gs3 = gpu.new_state();
+    let mut cs3 = cpu.new_state();
+    chain_all(gm, &mut gs3, &prompt);
+    chain_all(cm, &mut cs3, &prompt);
+    let (mut gl, mut cl) = (Vec::new(), Vec::new());
+    gm.forward(&mut gs3, &tokens, &tree, LogitRows::All, &mut gl)
+        .expect("tree pass");
+    cm.forward(&mut cs3, &tokens, &tree, LogitRows::All, &mut cl)
+        .expect("tree pass");
+    let th = max_abs_diff(&gl, r.f("tree_logits"));
+    let tc = max_abs_diff(&gl, &cl);
+    println!(
+        "RESULT {name} tree of {} rows: max|gpu-hf| {th:.2e}, max|gpu-cpu| {tc:.2e}",
+        tokens.len()
+    );
+    assert!(th <= 2e-4 && tc <= 1e-4, "{name}: tree logits");
+    // Commit the path to the deepest row, then one more pass: GPU and CPU agree.
+    let deepest = (0..tree.len()).max_by_key(|&i| tree.depth(i)).unwrap();
+    let path = tree.path_to(deepest);
+    gm.commit(&mut gs3, &path).expect("commit path");
+    cm.commit(&mut cs3, &path).expect("commit path");
+    let next = [tokens[0], tokens[path.len() - 1]];
+    let g_next = chain_all(gm, &mut gs3, &next);
+    let c_next = chain_all(cm, &mut cs3, &next);
+    let dn = max_abs_diff(&g_next, &c_next);
+    println!(
+        "RESULT {name} after committing a {}-row path: next pass max|gpu-cpu| {dn:.2e}",
+        path.len()
+    );
+    assert!(dn <= 1e-4, "{name}: the pass after a tree commit");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn qwen35_tiny_on_gpu() {
+    check_against_reference("qwen35-tiny", &fixture("qwen35-tiny"), true);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn qwen35_realdims_on_gpu() {
+    check_against_reference("qwen35-realdims", &fixture("qwen35-realdims"), true);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn llama_family_on_gpu() {
+    for name in ["llama-tiny", "qwen2-tiny", "qwen3-tiny"] {
+        check_against_reference(name, &test_data(name), false);
+    }
+}
+
+/// Random trees and random accepted paths: after verify + commit on the GPU, the next pass
+/// equals the CPU's after the same steps (the device state holds the accepted path exactly).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn random_tree_commits_match_cpu() {
+    for dir in [fixture("qwen35-tiny"), test_data("llama-tiny")] {
+        let (cpu, gpu) = pair(&dir, 2048);
+        let (cm, gm) = (&cpu.model, &gpu.model);
+        let v = cm.cfg.vocab_size as u64;
+        let mut rng = 0x1234_5678_9abc_def1u64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let (mut gs, mut cs) = (gpu.new_state(), cpu.new_state());
+        let prompt: Vec<u32> = (0..40).map(|_| (next() % v) as u32).collect();
+        chain_all(gm, &mut gs, &prompt);
+        chain_all(cm, &mut cs, &prompt);
+        let mut worst = 0.0f32;
+        for step in 0..30 {
+            let t = 2 + (next() % 30) as usize;
+            let parents: Vec<i32> = (0..t)
+                .map(|i| {
+                    if i == 0 {
+                        -1
+                    } else {
+                        (next() % i as u64) as i32
+                    }
+                })
+                .collect();
+            let tokens: Vec<u32> = (0..t).map(|_| (next() % v) as u32).collect();
+            let tree = TreeBatch::from_parents(&parents).expect("tree");
+            let (mut gl, mut cl) = (Vec::new(), Vec::new());
+            gm.forward(&mut gs, &tokens, &tree, LogitRows::All, &mut gl)
+                .expect("gpu tree");
+            cm.forward(&mut cs, &tokens, &tree, LogitRows::All, &mut cl)
+                .expect("cpu tree");
+            worst = worst.max(max_abs_diff(&gl, &cl));
+            let leaf = (next() % t as u64) as usize;
+            let path = tree.path_to(leaf);
+            gm.commit(&mut gs, &path).expect("gpu commit");
+            cm.commit(&mut cs, &path).expect("cpu commit");
+            assert!(worst <= 1e-4, "{}: step {step}: {worst}", dir.display());
+        }
+        println!(
+            "RESULT {}: 30 random trees (2..31 rows) + random paths: max|gpu-cpu| {worst:.2e}",
+            dir.file_name().unwrap().to_string_lossy()
+        );
+    }
+}
+
+fn run(e: &Engine, ids: &[u32], draft: DraftMode, sampler: SamplerParams) -> Generation {
+    let p = GenerateParams {
+        max_tokens: 256,
+        sampler,
+        stop: Vec::new(),
+        draft,
+        draft_budget: 16,
+    };
+    let mut st = e.new_state();
+    e.generate(&mut st, ids, &p, StatsRecorder::start(), &mut |_| true)
+        .expect("generate")
+}
+
+/// Speculative decoding on the GPU emits exactly what plain decoding emits there.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn speculative_equals_plain_on_gpu() {
+    for dir in [fixture("qwen35-tiny"), test_data("llama-tiny")] {
+        let (_, gpu) = pair(&dir, 2048);
+        let v = gpu.model.cfg.vocab_size as u32;
+        // A repetitive prompt, so the suffix drafter proposes (and gets accepted) real trees.
+        let base: Vec<u32> = (0..24).map(|i| (i * 37 + 11) % v).collect();
+        let prompt: Vec<u32> = base.iter().cycle().take(120).copied().collect();
+        let seeded = SamplerParams {
+            temperature: 0.7,
+            top_p: 0.9,
+            seed: 7,
+            ..Default::default()
+        };
+        for (what, sampler) in [("greedy", SamplerParams::greedy()), ("seeded", seeded)] {
+            let plain = run(&gpu, &prompt, DraftMode::None, sampler.clone());
+            let spec = run(&gpu, &prompt, DraftMode::Suffix, sampler);
+            assert_eq!(plain.output_ids, spec.output_ids, "{what}: ids differ");
+            println!(
+                "RESULT {} {what}: speculative == plain for {} tokens ({:.2} tokens/pass)",
+                dir.file_name().unwrap().to_string_lossy(),
+                spec.output_ids.len(),
+                spec.stats.tokens_per_forward_pass
+            );
+        }
+    }
+}
+
+/// SmolLM2-135M Q4_1 (the README's model): GPU vs the CPU's dequantized-f32 path on the
+/// reference text, and transformers' 64 greedy tokens. `YOMI_SMOLLM2` names the .gguf.
+#[test]
+#[ignore = "needs a CUDA device and YOMI_SMOLLM2"]
+fn smollm2_on_gpu() {
+    let Some(path) = std::env::var_os("YOMI_SMOLLM2").map(PathBuf::from) else {
+        panic!("set YOMI_SMOLLM2 to SmolLM2-135M-Instruct.Q4_1.gguf");
+    };
+    let r = Reference::open(&test_data("smollm2-ref"));
+    let (mut cpu, gpu) = pair(&path, 1024);
+    cpu.model.dequantize_to_f32();
+    let ids = r.ids("ids");
+    let v = cpu.model.cfg.vocab_size;
+    let (mut gs, mut cs) = (gpu.new_state(), cpu.new_state());
+    let g = chain_all(&gpu.model, &mut gs, &ids);
+    let c = chain_all(&cpu.model, &mut cs, &ids);
+    let d = max_abs_diff(&g, &c);
+    let rows = r.ids("logits_head_rows");
+    let head: Vec<f32> = rows
+        .iter()
+        .flat_map(|&i| g[i as usize * v..(i as usize + 1) * v].iter().copied())
+        .collect();
+    let hf = max_abs_diff(&head, r.f("logits_head"));
+    let top1 = r.ids("top1");
+    let agree = (0..ids.len())
+        .filter(|&i| argmax(&g[i * v..(i + 1) * v]) == top1[i])
+        .count();
+    println!(
+        "RESULT smollm2 {} teacher-forced rows: max|gpu-cpu(f32 dequant)| {d:.2e}, max|gpu-hf| {hf:.2e} on {} rows, top-1 = HF on {agree}/{}",
+        ids.len(),
+        rows.len(),
+        ids.len()
+    );
+    assert!(d <= 1e-3 && hf <= 1e-3, "smollm2 logits");
+    let prompt = r.ids("chat_prompt_ids");
+    let want = r.ids("greedy_ids");
+    let mut gs2 = gpu.new_state();
+    let pre = chain_all(&gpu.model, &mut gs2, &prompt);
+    let (got, _) = greedy(
+        &gpu.model,
+        &mut gs2,
+        &pre[(prompt.len() - 1) * v..],
+        want.len(),
+    );
+    println!(
+        "RESULT smollm2 greedy {} tokens identical to transformers: {}",
+        want.len(),
+        got == want
+    );
+    assert_eq!(got, want, "smollm2 greedy ids");
+}
