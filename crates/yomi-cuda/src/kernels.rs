@@ -22,15 +22,19 @@ pub enum Module {
     Rope,
     Gemv,
     Gdn,
+    Attn,
+    Conv,
 }
 
 impl Module {
-    pub const ALL: [Module; 5] = [
+    pub const ALL: [Module; 7] = [
         Module::Norm,
         Module::Act,
         Module::Rope,
         Module::Gemv,
         Module::Gdn,
+        Module::Attn,
+        Module::Conv,
     ];
 
     /// File stem under `kernels/`.
@@ -41,6 +45,8 @@ impl Module {
             Module::Rope => "rope",
             Module::Gemv => "gemv",
             Module::Gdn => "gdn",
+            Module::Attn => "attention",
+            Module::Conv => "conv",
         }
     }
 
@@ -52,6 +58,8 @@ impl Module {
             Module::Rope => include_str!("../kernels/rope.cu"),
             Module::Gemv => include_str!("../kernels/gemv.cu"),
             Module::Gdn => include_str!("../kernels/gdn.cu"),
+            Module::Attn => include_str!("../kernels/attention.cu"),
+            Module::Conv => include_str!("../kernels/conv.cu"),
         }
     }
 
@@ -72,6 +80,8 @@ impl Module {
             Module::Rope => vec!["rope_neox_f32".into()],
             Module::Gemv => crate::ops::all_gemv_kernels(),
             Module::Gdn => vec!["gdn_decode_f32".into(), "gdn_tree_verify_f32".into()],
+            Module::Attn => crate::attention::kernel_names(),
+            Module::Conv => vec!["conv1d_tree_f32".into()],
         }
     }
 }

@@ -15,11 +15,18 @@
 //! back to `~/.cache/yomi/kernels/`), keyed by a hash of the source, the options and the NVRTC
 //! version. They need no CUDA headers, so no include directory is looked up.
 
+mod attention;
+mod conv;
 mod device;
 mod error;
 pub mod kernels;
 mod ops;
 
+pub use attention::{
+    ATTN_HEAD_DIMS, ATTN_KEY_BATCH, ATTN_MAX_GROUP, ATTN_MAX_SPLITS, AttnDims, AttnPlan,
+    AttnScratch, AttnScratchShape, ancestor_bits, attn_plan, split_range,
+};
+pub use conv::CONV_MAX_K;
 pub use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 pub use device::{CudaDevice, ModuleInfo};
 pub use error::{CudaError, Result};

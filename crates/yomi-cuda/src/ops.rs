@@ -214,11 +214,11 @@ pub fn gemv_variant(dtype: WeightDtype, t: usize) -> Vec<GemvKernel> {
     v
 }
 
-fn as_i32(v: usize, what: &str) -> Result<i32> {
+pub(crate) fn as_i32(v: usize, what: &str) -> Result<i32> {
     i32::try_from(v).map_err(|_| CudaError::Invalid(format!("{what} = {v} does not fit in i32")))
 }
 
-fn launch_err(name: &str) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError + '_ {
+pub(crate) fn launch_err(name: &str) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError + '_ {
     move |e| CudaError::driver(format!("launch {name}"), e)
 }
 
