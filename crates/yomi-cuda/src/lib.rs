@@ -1,8 +1,9 @@
 //! yomi's CUDA backend (DESIGN §5), first slice: device handling, NVRTC kernel compilation with
 //! an on-disk cache, and the first ops — RMSNorm, GEMV over T ≤ 32 rows for f32/bf16/f16 weights
 //! (CUDA-core kernels, plus a tensor-core kernel for bf16), SwiGLU, partial NeoX RoPE, Gated
-//! DeltaNet decode step and tree verify. Each is checked against its yomi-cpu twin by the
-//! `#[ignore]`d tests in `tests/gpu.rs`; H200 numbers are in bench/RESULTS.md.
+//! DeltaNet decode step and tree verify, tree attention over the KV cache (split-K) and the tree
+//! conv1d. Each is checked against its yomi-cpu twin by the `#[ignore]`d tests in `tests/gpu.rs`
+//! and `tests/gpu_attn.rs`; H200 numbers are in bench/RESULTS.md.
 //!
 //! Built on cudarc with dynamic loading: the crate builds and its tests pass on machines with no
 //! CUDA at all. Every entry point first checks that the library it needs can be loaded
