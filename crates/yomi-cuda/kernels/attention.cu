@@ -14,8 +14,8 @@
 // Split-K. The n = n_c + T key positions are cut into S splits; S is fixed by the host (from the
 // cache capacity, T and the SM count: it is the grid's x), while the chunk ceil(n/S), rounded up to
 // a 16-key batch, is computed here from the live n, so that all splits have work at any context
-// length once n ≥ 16·S (the host mirror is `split_range` in src/attention.rs). A split with no keys
-// writes the neutral partial (m = −inf, l = 0, acc = 0).
+// length once n ≥ 16·S (the host mirror is `split_range` in src/attention.rs). A split with no
+// visible key writes the neutral m = −inf, l = 0 and leaves acc unwritten; the combine skips it.
 //
 // Kernel 1, attn_partial_hd{64,128,256}_f32: grid (S, Hkv, row tiles), block 32·QG·KG threads.
 // A block owns one KV head g, one split and a tile of rows_per_tile rows, i.e. the
@@ -216,9 +216,13 @@ __device__ __forceinline__ void attn_partial(const float* __restrict__ q,
     for (int e = 0; e < ATT_QPW; ++e) {
         if (qhead[e] < 0) continue;
         const size_t idx = ((size_t)qrow[e] * n_heads + qhead[e]) * splits + s;
-        float* pa = part_acc + idx * HD + lane;
+        // A split that saw no key (past the live length) writes only m = −inf; the combine skips
+        // its accumulator, so short contexts do not pay for the zeros of empty splits.
+        if (m[e] != ATT_NINF) {
+            float* pa = part_acc + idx * HD + lane;
 #pragma unroll
-        for (int c = 0; c < HC; ++c) pa[c * 32] = acc[e][c];
+            for (int c = 0; c < HC; ++c) pa[c * 32] = acc[e][c];
+        }
         if (lane == 0) {
             part_ml[idx * 2] = m[e];
             part_ml[idx * 2 + 1] = l[e];
@@ -263,6 +267,7 @@ extern "C" __global__ void attn_combine_f32(const float* __restrict__ part_acc,
     if (mm != ATT_NINF) {
         const float* pa = part_acc + rh * splits * hd + d;
         for (int s = 0; s < splits; ++s) {
+            if (ml[2 * s] == ATT_NINF) continue;  // empty split: acc was not written
             const float f = expf(ml[2 * s] - mm);
             den = fmaf(f, ml[2 * s + 1], den);
             num = fmaf(f, pa[(size_t)s * hd], num);

@@ -167,22 +167,24 @@ pub struct AttnScratchShape {
 }
 
 impl AttnScratchShape {
-    /// The most splits any T ≤ t_max uses (the plan's split count does not grow with T).
-    pub fn max_splits(&self) -> usize {
+    /// The most (row, split) partials per head any T ≤ t_max writes: max over T of T · splits(T).
+    /// The split count falls as T grows, so this is far below t_max · splits(1) (Qwen3.5 shape on
+    /// an H200, t_max = 32: 544 against 2112).
+    pub fn max_partials(&self) -> usize {
         (1..=self.t_max.max(1))
-            .map(|t| attn_plan(t, self.dims, self.capacity, self.sm_count).splits)
+            .map(|t| t * attn_plan(t, self.dims, self.capacity, self.sm_count).splits)
             .max()
             .unwrap_or(1)
     }
 
-    /// Partial accumulators: [t_max, n_heads, max_splits, head_dim].
+    /// Partial accumulators: [max_partials, n_heads, head_dim] (a launch uses [T, H, splits, hd]).
     pub fn acc_len(&self) -> usize {
-        self.t_max * self.dims.n_heads * self.max_splits() * self.dims.head_dim
+        self.max_partials() * self.dims.n_heads * self.dims.head_dim
     }
 
-    /// Partial (max, sum) pairs: [t_max, n_heads, max_splits, 2].
+    /// Partial (max, sum) pairs: [max_partials, n_heads, 2].
     pub fn ml_len(&self) -> usize {
-        self.t_max * self.dims.n_heads * self.max_splits() * 2
+        self.max_partials() * self.dims.n_heads * 2
     }
 }
 
@@ -305,13 +307,13 @@ pub(crate) fn check_attention(
         lens.anc
     );
     let plan = attn_plan(t, dims, capacity, scratch.sm_count);
-    // Holds by construction (max_splits is the maximum over T); checked so that a future change of
-    // the plan cannot make the kernels write past the scratch.
+    // Holds by construction (max_partials is the maximum over T); checked so that a future change
+    // of the plan cannot make the kernels write past the scratch.
     ensure!(
-        plan.splits <= scratch.max_splits(),
-        "attention: internal: {} splits exceed the scratch's {}",
+        t * plan.splits <= scratch.max_partials(),
+        "attention: internal: {t} rows × {} splits exceed the scratch's {} partials",
         plan.splits,
-        scratch.max_splits()
+        scratch.max_partials()
     );
     Ok(plan)
 }
@@ -527,14 +529,15 @@ mod tests {
     fn scratch_holds_every_plan() {
         for dims in [QWEN, LLAMA, SMOL] {
             let s = shape(32, dims);
-            let ms = s.max_splits();
-            assert_eq!(ms, attn_plan(1, dims, CAP, 132).splits);
+            assert!(s.max_partials() >= attn_plan(1, dims, CAP, 132).splits);
             for t in 1..=32 {
                 let p = attn_plan(t, dims, CAP, 132);
                 assert!(t * dims.n_heads * p.splits * dims.head_dim <= s.acc_len());
                 assert!(t * dims.n_heads * p.splits * 2 <= s.ml_len());
             }
         }
+        assert_eq!(shape(32, QWEN).max_partials(), 544);
+        assert_eq!(shape(1, QWEN).max_partials(), 66);
     }
 
     #[test]
