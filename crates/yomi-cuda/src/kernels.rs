@@ -23,16 +23,20 @@ pub enum Module {
     Gemv,
     Gdn,
     Glue,
+    Attn,
+    Conv,
 }
 
 impl Module {
-    pub const ALL: [Module; 6] = [
+    pub const ALL: [Module; 8] = [
         Module::Norm,
         Module::Act,
         Module::Rope,
         Module::Gemv,
         Module::Gdn,
         Module::Glue,
+        Module::Attn,
+        Module::Conv,
     ];
 
     /// File stem under `kernels/`.
@@ -44,6 +48,8 @@ impl Module {
             Module::Gemv => "gemv",
             Module::Gdn => "gdn",
             Module::Glue => "glue",
+            Module::Attn => "attention",
+            Module::Conv => "conv",
         }
     }
 
@@ -56,6 +62,8 @@ impl Module {
             Module::Gemv => include_str!("../kernels/gemv.cu"),
             Module::Gdn => include_str!("../kernels/gdn.cu"),
             Module::Glue => include_str!("../kernels/glue.cu"),
+            Module::Attn => include_str!("../kernels/attention.cu"),
+            Module::Conv => include_str!("../kernels/conv.cu"),
         }
     }
 
@@ -90,6 +98,8 @@ impl Module {
             ]
             .map(String::from)
             .to_vec(),
+            Module::Attn => crate::attention::kernel_names(),
+            Module::Conv => vec!["conv1d_tree_f32".into()],
         }
     }
 }

@@ -1,8 +1,9 @@
 //! yomi's CUDA backend (DESIGN §5), first slice: device handling, NVRTC kernel compilation with
 //! an on-disk cache, and the first ops — RMSNorm, GEMV over T ≤ 32 rows for f32/bf16/f16 weights
 //! (CUDA-core kernels, plus a tensor-core kernel for bf16), SwiGLU, partial NeoX RoPE, Gated
-//! DeltaNet decode step and tree verify. Each is checked against its yomi-cpu twin by the
-//! `#[ignore]`d tests in `tests/gpu.rs`; H200 numbers are in bench/RESULTS.md.
+//! DeltaNet decode step and tree verify, tree attention over the KV cache (split-K) and the tree
+//! conv1d. Each is checked against its yomi-cpu twin by the `#[ignore]`d tests in `tests/gpu.rs`
+//! and `tests/gpu_attn.rs`; H200 numbers are in bench/RESULTS.md.
 //!
 //! Built on cudarc with dynamic loading: the crate builds and its tests pass on machines with no
 //! CUDA at all. Every entry point first checks that the library it needs can be loaded
@@ -16,6 +17,7 @@
 //! version. They need no CUDA headers, so no include directory is looked up.
 
 pub mod attention;
+mod conv;
 mod device;
 mod error;
 mod glue;
@@ -23,6 +25,11 @@ pub mod kernels;
 pub mod model;
 mod ops;
 
+pub use attention::{
+    ATTN_HEAD_DIMS, ATTN_KEY_BATCH, ATTN_MAX_GROUP, ATTN_MAX_SPLITS, AttnDims, AttnPlan,
+    AttnScratch, AttnScratchShape, ancestor_bits, attn_plan, split_range,
+};
+pub use conv::CONV_MAX_K;
 pub use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 pub use device::{CudaDevice, ModuleInfo};
 pub use error::{CudaError, Result};
