@@ -9,7 +9,8 @@
 //
 // n_c is read from device memory, not passed as an argument, so that one launch (a CUDA graph node)
 // serves every step. Shapes: q, out [T, H, hd]; K, V caches [capacity, Hkv, hd]; anc [T, words] u64;
-// hd = 32·HC ∈ {64, 128, 256}. All f32.
+// hd ∈ {16, 32, 64, 80, 96, 128, 256}, HC = ⌈hd/32⌉ values per lane (lanes past hd hold zeros).
+// All f32.
 //
 // Split-K. The n = n_c + T key positions are cut into S splits; S is fixed by the host (from the
 // cache capacity, T and the SM count: it is the grid's x), while the chunk ceil(n/S), rounded up to
@@ -82,7 +83,7 @@ __device__ __forceinline__ void attn_partial(const float* __restrict__ q,
                                              float* __restrict__ part_ml, int t_rows, int words,
                                              int n_heads, int n_kv, int capacity, float scale,
                                              int rows_per_tile, int q_groups) {
-    constexpr int HD = HC * 32;
+    static_assert(HD <= HC * 32 && HD > (HC - 1) * 32, "HC = ceil(HD / 32)");
     __shared__ float sm_acc[ATT_MAXW][ATT_QPW][ATT_MAXHD];
     __shared__ float sm_ml[ATT_MAXW][ATT_QPW][2];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -113,7 +114,7 @@ __device__ __forceinline__ void attn_partial(const float* __restrict__ q,
         const float* qp = q + ((size_t)qrow[e] * n_heads + (on ? qhead[e] : 0)) * HD + lane;
 #pragma unroll
         for (int c = 0; c < HC; ++c) {
-            qv[e][c] = on ? qp[c * 32] : 0.0f;
+            qv[e][c] = (on && c * 32 + lane < HD) ? qp[c * 32] : 0.0f;
             acc[e][c] = 0.0f;
         }
         m[e] = ATT_NINF;
@@ -131,7 +132,7 @@ __device__ __forceinline__ void attn_partial(const float* __restrict__ q,
             for (int e = 0; e < ATT_QPW; ++e) sc[e][kk] = 0.0f;
 #pragma unroll
             for (int c = 0; c < HC; ++c) {
-                const float kv = ok ? kr[c * 32] : 0.0f;
+                const float kv = (ok && c * 32 + lane < HD) ? kr[c * 32] : 0.0f;
 #pragma unroll
                 for (int e = 0; e < ATT_QPW; ++e) sc[e][kk] = fmaf(qv[e][c], kv, sc[e][kk]);
             }
@@ -169,7 +170,7 @@ __device__ __forceinline__ void attn_partial(const float* __restrict__ q,
             for (int e = 0; e < ATT_QPW; ++e) pk[e] = __shfl_sync(ATT_FULL, pr[e], 2 * kk);
 #pragma unroll
             for (int c = 0; c < HC; ++c) {
-                const float vv = ok ? vr[c * 32] : 0.0f;
+                const float vv = (ok && c * 32 + lane < HD) ? vr[c * 32] : 0.0f;
 #pragma unroll
                 for (int e = 0; e < ATT_QPW; ++e) acc[e][c] = fmaf(pk[e], vv, acc[e][c]);
             }
@@ -221,7 +222,8 @@ __device__ __forceinline__ void attn_partial(const float* __restrict__ q,
         if (m[e] != ATT_NINF) {
             float* pa = part_acc + idx * HD + lane;
 #pragma unroll
-            for (int c = 0; c < HC; ++c) pa[c * 32] = acc[e][c];
+            for (int c = 0; c < HC; ++c)
+                if (c * 32 + lane < HD) pa[c * 32] = acc[e][c];
         }
         if (lane == 0) {
             part_ml[idx * 2] = m[e];
@@ -240,18 +242,38 @@ __device__ __forceinline__ void attn_partial(const float* __restrict__ q,
         rows_per_tile, q_groups
 
 extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)
+    attn_partial_hd16_f32(ATT_ARGS) {
+    attn_partial<1, 16>(ATT_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)
+    attn_partial_hd32_f32(ATT_ARGS) {
+    attn_partial<1, 32>(ATT_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)
     attn_partial_hd64_f32(ATT_ARGS) {
-    attn_partial<2>(ATT_PASS);
+    attn_partial<2, 64>(ATT_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)
+    attn_partial_hd80_f32(ATT_ARGS) {
+    attn_partial<3, 80>(ATT_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)
+    attn_partial_hd96_f32(ATT_ARGS) {
+    attn_partial<3, 96>(ATT_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)
     attn_partial_hd128_f32(ATT_ARGS) {
-    attn_partial<4>(ATT_PASS);
+    attn_partial<4, 128>(ATT_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)
     attn_partial_hd256_f32(ATT_ARGS) {
-    attn_partial<8>(ATT_PASS);
+    attn_partial<8, 256>(ATT_PASS);
 }
 
 // Kernel 2 (see the header): one block of hd threads per (row, head).

@@ -30,7 +30,7 @@ pub const ATTN_MAX_GROUP: usize = QPW * MAX_WARPS;
 /// Upper bound on the key splits of one launch (bounds the scratch and the combine's loop).
 pub const ATTN_MAX_SPLITS: usize = 128;
 /// The head dimensions with a kernel (`attn_partial_hd{64,128,256}_f32`).
-pub const ATTN_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+pub const ATTN_HEAD_DIMS: [usize; 7] = [16, 32, 64, 80, 96, 128, 256];
 
 pub(crate) fn kernel_names() -> Vec<String> {
     let mut v: Vec<String> = ATTN_HEAD_DIMS
@@ -325,7 +325,7 @@ impl CudaDevice {
     /// scalar (element 0) that the kernels read, so the launch can be replayed from a CUDA graph;
     /// anc [T, words] the ancestor-or-self bits from [`ancestor_bits`]. Scores q·k·scale, softmax in
     /// f32. Two launches (partials into `scratch`, then the combine); no synchronization.
-    /// head_dim ∈ {64, 128, 256}, at most 32 query heads per KV head.
+    /// head_dim ∈ [`ATTN_HEAD_DIMS`], at most 32 query heads per KV head.
     #[allow(clippy::too_many_arguments)]
     pub fn attention_tree(
         &self,
@@ -613,10 +613,10 @@ mod tests {
         assert!(e.to_string().contains("scratch was made for"), "{e}");
         // Shapes without a kernel.
         let odd = AttnDims {
-            head_dim: 96,
+            head_dim: 48,
             ..QWEN
         };
-        assert!(err(lens(1, odd, 1), 1, 1, odd, CAP).contains("head_dim = 96"));
+        assert!(err(lens(1, odd, 1), 1, 1, odd, CAP).contains("head_dim = 48"));
         let bad = AttnDims {
             n_heads: 10,
             n_kv: 4,

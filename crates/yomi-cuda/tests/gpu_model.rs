@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo test --release -p yomi-cuda --test gpu_model --no-run     # here; carry the binary
-//! YOMI_FIXTURES=<dir with qwen35-tiny, qwen35-realdims> YOMI_SMOLLM2=<.gguf> \
+//! YOMI_REPO=<repo> YOMI_FIXTURES=<dir with qwen35-tiny, qwen35-realdims> YOMI_SMOLLM2=<.gguf> \
 //!   ./gpu_model-<hash> --ignored --test-threads=1 --nocapture     # there
 //! ```
 //!
@@ -21,9 +21,13 @@ use yomi_engine::generate::DraftMode;
 use yomi_engine::stats::StatsRecorder;
 use yomi_engine::{Engine, EngineOptions, GenerateParams, Generation};
 use yomi_models::{LogitRows, Model, State};
+use yomi_spec::{DraftTree, Drafter};
 
+/// The repository root: `$YOMI_REPO` (a binary run on another machine), else where it was built.
 fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    std::env::var_os("YOMI_REPO")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.."))
 }
 
 /// `$YOMI_FIXTURES/name`, else `../shared/fixtures/name` beside the repo.
@@ -309,27 +313,58 @@ fn random_tree_commits_match_cpu() {
     }
 }
 
-fn run(e: &Engine, ids: &[u32], draft: DraftMode, sampler: SamplerParams) -> Generation {
-    let p = GenerateParams {
+/// Proposes the plain run's own continuation (so drafts are accepted deep into the tree) with a
+/// wrong sibling at every level (so rejected branches and non-leaf commits happen each pass).
+struct Oracle {
+    truth: Vec<u32>,
+    vocab: u32,
+}
+
+impl Drafter for Oracle {
+    fn propose(&mut self, context: &[u32], budget: usize, out: &mut DraftTree) {
+        out.reset(*context.last().unwrap());
+        let (mut cur, mut pos) = (0usize, context.len());
+        while out.num_drafts() + 2 <= budget {
+            let right = self.truth.get(pos).copied().unwrap_or(0);
+            out.push(cur, (right + 1 + pos as u32 % 7) % self.vocab);
+            cur = out.push(cur, right);
+            pos += 1;
+        }
+    }
+    fn observe(&mut self, _accepted: usize, _proposed: usize) {}
+}
+
+fn params(draft: DraftMode, sampler: SamplerParams) -> GenerateParams {
+    GenerateParams {
         max_tokens: 256,
         sampler,
         stop: Vec::new(),
         draft,
-        draft_budget: 16,
-    };
-    let mut st = e.new_state();
-    e.generate(&mut st, ids, &p, StatsRecorder::start(), &mut |_| true)
-        .expect("generate")
+        draft_budget: 24,
+    }
 }
 
-/// Speculative decoding on the GPU emits exactly what plain decoding emits there.
+fn run(e: &Engine, ids: &[u32], draft: DraftMode, sampler: SamplerParams) -> Generation {
+    let mut st = e.new_state();
+    e.generate(
+        &mut st,
+        ids,
+        &params(draft, sampler),
+        StatsRecorder::start(),
+        &mut |_| true,
+    )
+    .expect("generate")
+}
+
+/// Speculative decoding on the GPU emits exactly what plain decoding emits there: with the
+/// suffix drafter and with an oracle drafter whose trees are accepted deep (24 drafts a pass).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn speculative_equals_plain_on_gpu() {
     for dir in [fixture("qwen35-tiny"), test_data("llama-tiny")] {
-        let (_, gpu) = pair(&dir, 2048);
+        let (_, mut gpu) = pair(&dir, 2048);
+        gpu.eos_token_ids.clear();
         let v = gpu.model.cfg.vocab_size as u32;
-        // A repetitive prompt, so the suffix drafter proposes (and gets accepted) real trees.
         let base: Vec<u32> = (0..24).map(|i| (i * 37 + 11) % v).collect();
         let prompt: Vec<u32> = base.iter().cycle().take(120).copied().collect();
         let seeded = SamplerParams {
@@ -338,15 +373,37 @@ fn speculative_equals_plain_on_gpu() {
             seed: 7,
             ..Default::default()
         };
+        let name = dir.file_name().unwrap().to_string_lossy().to_string();
         for (what, sampler) in [("greedy", SamplerParams::greedy()), ("seeded", seeded)] {
             let plain = run(&gpu, &prompt, DraftMode::None, sampler.clone());
-            let spec = run(&gpu, &prompt, DraftMode::Suffix, sampler);
-            assert_eq!(plain.output_ids, spec.output_ids, "{what}: ids differ");
+            let spec = run(&gpu, &prompt, DraftMode::Suffix, sampler.clone());
+            assert_eq!(
+                plain.output_ids, spec.output_ids,
+                "{name} {what}: suffix ids differ"
+            );
+            let mut truth = prompt.clone();
+            truth.extend_from_slice(&plain.output_ids);
+            let mut oracle = Oracle { truth, vocab: v };
+            let mut st = gpu.new_state();
+            let deep = gpu
+                .generate_with(
+                    &mut st,
+                    &prompt,
+                    &params(DraftMode::None, sampler),
+                    Some(&mut oracle),
+                    StatsRecorder::start(),
+                    &mut |_| true,
+                )
+                .expect("generate");
+            assert_eq!(
+                plain.output_ids, deep.output_ids,
+                "{name} {what}: oracle ids differ"
+            );
             println!(
-                "RESULT {} {what}: speculative == plain for {} tokens ({:.2} tokens/pass)",
-                dir.file_name().unwrap().to_string_lossy(),
-                spec.output_ids.len(),
-                spec.stats.tokens_per_forward_pass
+                "RESULT {name} {what}: speculative == plain for {} tokens (suffix {:.2}, oracle {:.2} tokens/pass)",
+                plain.output_ids.len(),
+                spec.stats.tokens_per_forward_pass,
+                deep.stats.tokens_per_forward_pass
             );
         }
     }

@@ -102,6 +102,15 @@ impl CudaModel {
 
 /// What the kernels need of the shapes; anything else is a clear error before any upload.
 fn check_supported(cfg: &ModelConfig) -> Result<()> {
+    if cfg.layer_kinds.contains(&yomi_models::LayerKind::Attention)
+        && !crate::attention::ATTN_HEAD_DIMS.contains(&cfg.head_dim)
+    {
+        anyhow::bail!(
+            "the CUDA attention kernels take head_dim in {:?}, not {}",
+            crate::attention::ATTN_HEAD_DIMS,
+            cfg.head_dim
+        );
+    }
     if let Some(g) = cfg.gdn {
         if g.key_head_dim > 128 || g.key_head_dim % 8 != 0 || g.value_head_dim % 32 != 0 {
             anyhow::bail!(
