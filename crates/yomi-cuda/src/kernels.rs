@@ -22,15 +22,17 @@ pub enum Module {
     Rope,
     Gemv,
     Gdn,
+    GemvQuant,
 }
 
 impl Module {
-    pub const ALL: [Module; 5] = [
+    pub const ALL: [Module; 6] = [
         Module::Norm,
         Module::Act,
         Module::Rope,
         Module::Gemv,
         Module::Gdn,
+        Module::GemvQuant,
     ];
 
     /// File stem under `kernels/`.
@@ -41,6 +43,7 @@ impl Module {
             Module::Rope => "rope",
             Module::Gemv => "gemv",
             Module::Gdn => "gdn",
+            Module::GemvQuant => "gemv_quant",
         }
     }
 
@@ -52,6 +55,7 @@ impl Module {
             Module::Rope => include_str!("../kernels/rope.cu"),
             Module::Gemv => include_str!("../kernels/gemv.cu"),
             Module::Gdn => include_str!("../kernels/gdn.cu"),
+            Module::GemvQuant => include_str!("../kernels/gemv_quant.cu"),
         }
     }
 
@@ -72,6 +76,7 @@ impl Module {
             Module::Rope => vec!["rope_neox_f32".into()],
             Module::Gemv => crate::ops::all_gemv_kernels(),
             Module::Gdn => vec!["gdn_decode_f32".into(), "gdn_tree_verify_f32".into()],
+            Module::GemvQuant => crate::quant::all_kernels(),
         }
     }
 }
@@ -317,7 +322,8 @@ mod tests {
                 let defined = src.contains(&format!("void {k}("))
                     || src.contains(&format!("void\n    {k}("))
                     || src.contains(&format!("    {k}("))
-                    || gemv_macro_defines(src, &k);
+                    || gemv_macro_defines(src, &k)
+                    || crate::quant::macro_defines(src, &k);
                 assert!(defined, "kernel {k} not found in {}.cu", m.name());
             }
         }

@@ -19,11 +19,13 @@ mod device;
 mod error;
 pub mod kernels;
 mod ops;
+mod quant;
 
 pub use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 pub use device::{CudaDevice, ModuleInfo};
 pub use error::{CudaError, Result};
 pub use ops::{DeviceMatrix, GdnDeviceRows, GdnShape, GemvKernel, WeightDtype, gemv_variant};
+pub use quant::QuantFormat;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
