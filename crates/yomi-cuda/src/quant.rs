@@ -16,7 +16,7 @@ use crate::device::CudaDevice;
 use crate::error::{CudaError, Result, ensure};
 use crate::guard;
 use crate::kernels::Module;
-use crate::ops::{DeviceMatrix, GemvKernel, Weights, WeightDtype};
+use crate::ops::{DeviceMatrix, GemvKernel, WeightDtype, Weights};
 
 /// A GGML block-quantized weight type (the subset yomi runs).
 #[allow(non_camel_case_types)]
@@ -290,7 +290,8 @@ impl Packed {
                         for c in 0..8 {
                             let u = u0 + c;
                             if fmt == QuantFormat::Q5_K {
-                                let hb = u32::from_le_bytes(a2[4 * u..4 * u + 4].try_into().unwrap());
+                                let hb =
+                                    u32::from_le_bytes(a2[4 * u..4 * u + 4].try_into().unwrap());
                                 let (k, l0) = (c / 2, 16 * (c % 2));
                                 for p in 0..4 {
                                     for i in 0..4 {
@@ -301,9 +302,11 @@ impl Packed {
                                     }
                                 }
                             } else if fmt == QuantFormat::Q6_K {
-                                let x = u32::from_le_bytes(a2[8 * u..8 * u + 4].try_into().unwrap());
-                                let y =
-                                    u32::from_le_bytes(a2[8 * u + 4..8 * u + 8].try_into().unwrap());
+                                let x =
+                                    u32::from_le_bytes(a2[8 * u..8 * u + 4].try_into().unwrap());
+                                let y = u32::from_le_bytes(
+                                    a2[8 * u + 4..8 * u + 8].try_into().unwrap(),
+                                );
                                 let (h, m) = (c / 4, c % 4);
                                 let (g, l0) = (m / 2, 16 * (m % 2));
                                 for p in 0..4 {
@@ -441,11 +444,7 @@ pub(crate) fn macro_defines(src: &str, name: &str) -> bool {
     })
 }
 
-fn kernel_args<'a>(
-    b: &mut cudarc::driver::LaunchArgs<'a>,
-    q: &'a QuantWeights,
-    null: &'a u64,
-) {
+fn kernel_args<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, q: &'a QuantWeights, null: &'a u64) {
     for a in &q.arrays {
         match a {
             Some(s) => b.arg(s),
@@ -471,8 +470,10 @@ impl CudaDevice {
     ) -> Result<()> {
         let f = self.func(Module::GemvQuant, name)?;
         let (n_i, k_i, t_i) = (
-            i32::try_from(w.rows).map_err(|_| CudaError::Invalid("linear: too many rows".into()))?,
-            i32::try_from(w.cols).map_err(|_| CudaError::Invalid("linear: too many cols".into()))?,
+            i32::try_from(w.rows)
+                .map_err(|_| CudaError::Invalid("linear: too many rows".into()))?,
+            i32::try_from(w.cols)
+                .map_err(|_| CudaError::Invalid("linear: too many cols".into()))?,
             t as i32,
         );
         let cfg = LaunchConfig {
@@ -634,10 +635,16 @@ mod tests {
             let bs = f.block_size();
             let n = f.tensor_bytes(2, bs).unwrap();
             let e = pack(f, 2, bs, &vec![0; n - 1]).unwrap_err().to_string();
-            assert!(e.contains(&format!("needs {n} bytes, got {}", n - 1)), "{e}");
+            assert!(
+                e.contains(&format!("needs {n} bytes, got {}", n - 1)),
+                "{e}"
+            );
             assert!(pack(f, 2, bs, &vec![0; n + 1]).is_err());
             let e = pack(f, 2, bs + 16, &vec![0; n]).unwrap_err().to_string();
-            assert!(e.contains("not a positive multiple of the block size"), "{e}");
+            assert!(
+                e.contains("not a positive multiple of the block size"),
+                "{e}"
+            );
             assert!(pack(f, 2, 0, &[]).is_err());
             assert!(f.tensor_bytes(usize::MAX, bs).is_err());
         }
@@ -712,7 +719,14 @@ mod tests {
                         (hdr(0), hdr(1))
                     };
                     let s = |w: u32| ((w >> (8 * m)) & 0xff) as u8 as i8 as f32;
-                    (256 * b + 128 * h + 16 * m, 64, d * s(wl), 0.0, d * s(wh), 0.0)
+                    (
+                        256 * b + 128 * h + 16 * m,
+                        64,
+                        d * s(wl),
+                        0.0,
+                        d * s(wh),
+                        0.0,
+                    )
                 }
             };
             let off: i32 = match f {
@@ -778,7 +792,11 @@ mod tests {
                     dequantize_row(cpu_type(f), &bytes[row * rb..(row + 1) * rb], &mut want);
                     let got = host_decode_row(&p, row);
                     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                        assert_eq!(g.to_bits(), w.to_bits(), "{f} row {row} col {i}: {g} vs {w}");
+                        assert_eq!(
+                            g.to_bits(),
+                            w.to_bits(),
+                            "{f} row {row} col {i}: {g} vs {w}"
+                        );
                     }
                 }
             }
@@ -794,7 +812,10 @@ mod tests {
                 let GemvKernel::Simt { r, u } = *k else {
                     panic!("{k:?}")
                 };
-                assert!(QUANT_VARIANTS.contains(&(b, r, u)), "{k:?} not instantiated");
+                assert!(
+                    QUANT_VARIANTS.contains(&(b, r, u)),
+                    "{k:?} not instantiated"
+                );
             }
         }
         let names = all_kernels();
