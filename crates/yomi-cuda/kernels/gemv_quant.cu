@@ -50,7 +50,14 @@
 // small a1..a3 loads through the read-only cache) before the first use. Each pair is dequantized
 // once into registers and multiplied with the x quads (float4 loads through L1, shared by all
 // warps of the SM) of every row t < T; accumulators acc[R][TM] are f32 and summed over the warp
-// with shuffles at the end. TM is the row bucket (1, 2, 4, 8, 16, 32) ≥ T.
+// with shuffles at the end. TM is the row bucket (1, 2, 4, 8, 16, 32) ≥ T. For TM ≤ 2 the
+// scales are applied per 16-value half instead of per weight (Σ w·x = d·Σ q·x − m·Σ x), which
+// drops one FMA per weight where it is not amortized over many rows (at T = 1 the decode —
+// PRMT, FADD, FMA — and the dot FMA would otherwise cost about as many issue slots as the
+// H200 has for streaming 4-bit weights at full bandwidth).
+// Why R grows with T: per unit a lane reads 128·T bytes of x (through L1), shared by the warp's
+// R rows, against 18–34 bytes of weights; with R = 1 at T = 1 the x traffic alone is ~7× the
+// weight bytes and close to the L1's ~128 B/clock/SM at full weight bandwidth.
 // Bytes: N·K·bpw/8 (bpw = 8.5, 4.5, 5, 4.5, 5.5, 6.5625) + T·K·4 + T·N·4. FMAs: T·N·K.
 // Grid: ceil(ceil(N / R) / 8) blocks of 256 threads.
 // Gather grid: (ceil(nu / 256), n) blocks of 256 threads; thread = unit. An id outside [0, N)
@@ -174,11 +181,10 @@ __device__ __forceinline__ float q_magic() {
                                                                                  : 8388608.0f;
 }
 
-// The 8 weights of pair p (0..4) of a unit: lo[i] at column base + 4p + i, hi[i] at
-// base + hoff + 4p + i.
+// The 8 quants of pair p (0..4) of a unit as exact floats, offsets applied (Q4_0: q − 8, Q6_K:
+// q − 32, Q8_0: the signed byte): lo[i] at column base + 4p + i, hi[i] at base + hoff + 4p + i.
 template <int F>
-__device__ __forceinline__ void q_pair(const QRaw& r, const QScale& sc, int p, float* lo,
-                                       float* hi) {
+__device__ __forceinline__ void q_quants(const QRaw& r, int p, float* lo, float* hi) {
     const u32 qw[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
     u32 wl, wh;
     if (F == QF_Q8_0) {
@@ -200,9 +206,27 @@ __device__ __forceinline__ void q_pair(const QRaw& r, const QScale& sc, int p, f
     const float mg = q_magic<F>();
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        lo[i] = fmaf(q_byte(wl, i, mg), sc.dlo, -sc.mlo);
-        hi[i] = fmaf(q_byte(wh, i, mg), sc.dhi, -sc.mhi);
+        lo[i] = q_byte(wl, i, mg);
+        hi[i] = q_byte(wh, i, mg);
     }
+}
+
+// The 8 weights of pair p: w = q·d − m, exact (q·d is exact, so one rounding, as GGML's).
+template <int F>
+__device__ __forceinline__ void q_pair(const QRaw& r, const QScale& sc, int p, float* lo,
+                                       float* hi) {
+    q_quants<F>(r, p, lo, hi);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        lo[i] = fmaf(lo[i], sc.dlo, -sc.mlo);
+        hi[i] = fmaf(hi[i], sc.dhi, -sc.mhi);
+    }
+}
+
+// Whether the format subtracts a per-(sub-)block minimum.
+template <int F>
+__device__ __forceinline__ constexpr bool q_has_min() {
+    return F == QF_Q4_1 || F == QF_Q4_K || F == QF_Q5_K;
 }
 
 template <int F, int TM, int R, int U>
@@ -240,29 +264,88 @@ __device__ __forceinline__ void qgemv_body(const QPtrs a, const float* __restric
                 for (int r = 0; r < R; ++r) sc[r] = q_scale<F>(raw[u][r], c);
                 const float* xc = x + sc[0].base;
                 const int hoff = sc[0].hoff;
-#pragma unroll
-                for (int p = 0; p < 4; ++p) {
-                    float lo[R][4], hi[R][4];
-#pragma unroll
-                    for (int r = 0; r < R; ++r) q_pair<F>(raw[u][r], sc[r], p, lo[r], hi[r]);
+                if constexpr (TM <= 2) {
+                    // Few rows: the scales are applied once per unit, not per weight —
+                    // Σ w·x = d·Σ q·x − m·Σ x over each 16-value half — which saves the
+                    // dequantizing FMA per weight where it is not amortized over many rows.
+                    // Σ x (formats with a minimum) is shared by the R rows of the warp.
+                    float slo[R][TM], shi[R][TM], xlo[TM], xhi[TM];
 #pragma unroll
                     for (int t = 0; t < TM; ++t) {
-                        if (TM == 1 || t < T) {
-                            const float* xp = xc + (size_t)t * K + 4 * p;
-                            const float4 xa = __ldg((const float4*)xp);
-                            const float4 xb = __ldg((const float4*)(xp + hoff));
+                        xlo[t] = xhi[t] = 0.0f;
 #pragma unroll
-                            for (int r = 0; r < R; ++r) {
-                                float s = acc[r][t];
-                                s = fmaf(lo[r][0], xa.x, s);
-                                s = fmaf(lo[r][1], xa.y, s);
-                                s = fmaf(lo[r][2], xa.z, s);
-                                s = fmaf(lo[r][3], xa.w, s);
-                                s = fmaf(hi[r][0], xb.x, s);
-                                s = fmaf(hi[r][1], xb.y, s);
-                                s = fmaf(hi[r][2], xb.z, s);
-                                s = fmaf(hi[r][3], xb.w, s);
-                                acc[r][t] = s;
+                        for (int r = 0; r < R; ++r) slo[r][t] = shi[r][t] = 0.0f;
+                    }
+#pragma unroll
+                    for (int p = 0; p < 4; ++p) {
+                        float lo[R][4], hi[R][4];
+#pragma unroll
+                        for (int r = 0; r < R; ++r) q_quants<F>(raw[u][r], p, lo[r], hi[r]);
+#pragma unroll
+                        for (int t = 0; t < TM; ++t) {
+                            if (TM == 1 || t < T) {
+                                const float* xp = xc + (size_t)t * K + 4 * p;
+                                const float4 xa = __ldg((const float4*)xp);
+                                const float4 xb = __ldg((const float4*)(xp + hoff));
+                                if (q_has_min<F>()) {
+                                    xlo[t] += (xa.x + xa.y) + (xa.z + xa.w);
+                                    xhi[t] += (xb.x + xb.y) + (xb.z + xb.w);
+                                }
+#pragma unroll
+                                for (int r = 0; r < R; ++r) {
+                                    float a = slo[r][t], b = shi[r][t];
+                                    a = fmaf(lo[r][0], xa.x, a);
+                                    a = fmaf(lo[r][1], xa.y, a);
+                                    a = fmaf(lo[r][2], xa.z, a);
+                                    a = fmaf(lo[r][3], xa.w, a);
+                                    b = fmaf(hi[r][0], xb.x, b);
+                                    b = fmaf(hi[r][1], xb.y, b);
+                                    b = fmaf(hi[r][2], xb.z, b);
+                                    b = fmaf(hi[r][3], xb.w, b);
+                                    slo[r][t] = a;
+                                    shi[r][t] = b;
+                                }
+                            }
+                        }
+                    }
+#pragma unroll
+                    for (int r = 0; r < R; ++r)
+#pragma unroll
+                        for (int t = 0; t < TM; ++t) {
+                            float a = acc[r][t];
+                            a = fmaf(sc[r].dlo, slo[r][t], a);
+                            a = fmaf(sc[r].dhi, shi[r][t], a);
+                            if (q_has_min<F>()) {
+                                a = fmaf(-sc[r].mlo, xlo[t], a);
+                                a = fmaf(-sc[r].mhi, xhi[t], a);
+                            }
+                            acc[r][t] = a;
+                        }
+                } else {
+#pragma unroll
+                    for (int p = 0; p < 4; ++p) {
+                        float lo[R][4], hi[R][4];
+#pragma unroll
+                        for (int r = 0; r < R; ++r) q_pair<F>(raw[u][r], sc[r], p, lo[r], hi[r]);
+#pragma unroll
+                        for (int t = 0; t < TM; ++t) {
+                            if (TM == 1 || t < T) {
+                                const float* xp = xc + (size_t)t * K + 4 * p;
+                                const float4 xa = __ldg((const float4*)xp);
+                                const float4 xb = __ldg((const float4*)(xp + hoff));
+#pragma unroll
+                                for (int r = 0; r < R; ++r) {
+                                    float s = acc[r][t];
+                                    s = fmaf(lo[r][0], xa.x, s);
+                                    s = fmaf(lo[r][1], xa.y, s);
+                                    s = fmaf(lo[r][2], xa.z, s);
+                                    s = fmaf(lo[r][3], xa.w, s);
+                                    s = fmaf(hi[r][0], xb.x, s);
+                                    s = fmaf(hi[r][1], xb.y, s);
+                                    s = fmaf(hi[r][2], xb.z, s);
+                                    s = fmaf(hi[r][3], xb.w, s);
+                                    acc[r][t] = s;
+                                }
                             }
                         }
                     }
@@ -336,16 +419,18 @@ __device__ __forceinline__ void dequant_rows_body(const QPtrs a, const int* __re
 
 // Kernel names: gemv_<fmt>_t<TM>_r<R>_u<U> and dequant_rows_<fmt>; src/quant.rs lists the same
 // (bucket, R, U) set (`QUANT_VARIANTS`) and picks the default per bucket.
-#define QGEMV_FORMAT(D, F)                            \
-    QGEMV_KERNEL(gemv_##D##_t1_r1_u2, F, 1, 1, 2)     \
-    QGEMV_KERNEL(gemv_##D##_t1_r1_u4, F, 1, 1, 4)     \
-    QGEMV_KERNEL(gemv_##D##_t1_r2_u2, F, 1, 2, 2)     \
-    QGEMV_KERNEL(gemv_##D##_t2_r2_u2, F, 2, 2, 2)     \
-    QGEMV_KERNEL(gemv_##D##_t4_r2_u2, F, 4, 2, 2)     \
-    QGEMV_KERNEL(gemv_##D##_t8_r4_u1, F, 8, 4, 1)     \
-    QGEMV_KERNEL(gemv_##D##_t16_r2_u1, F, 16, 2, 1)   \
-    QGEMV_KERNEL(gemv_##D##_t16_r4_u1, F, 16, 4, 1)   \
-    QGEMV_KERNEL(gemv_##D##_t32_r2_u1, F, 32, 2, 1)   \
+#define QGEMV_FORMAT(D, F)                          \
+    QGEMV_KERNEL(gemv_##D##_t1_r1_u4, F, 1, 1, 4)   \
+    QGEMV_KERNEL(gemv_##D##_t1_r2_u2, F, 1, 2, 2)   \
+    QGEMV_KERNEL(gemv_##D##_t1_r4_u1, F, 1, 4, 1)   \
+    QGEMV_KERNEL(gemv_##D##_t2_r2_u2, F, 2, 2, 2)   \
+    QGEMV_KERNEL(gemv_##D##_t2_r4_u1, F, 2, 4, 1)   \
+    QGEMV_KERNEL(gemv_##D##_t4_r2_u2, F, 4, 2, 2)   \
+    QGEMV_KERNEL(gemv_##D##_t4_r4_u1, F, 4, 4, 1)   \
+    QGEMV_KERNEL(gemv_##D##_t8_r4_u1, F, 8, 4, 1)   \
+    QGEMV_KERNEL(gemv_##D##_t16_r2_u1, F, 16, 2, 1) \
+    QGEMV_KERNEL(gemv_##D##_t16_r4_u1, F, 16, 4, 1) \
+    QGEMV_KERNEL(gemv_##D##_t32_r2_u1, F, 32, 2, 1) \
     DEQUANT_KERNEL(dequant_rows_##D, F)
 
 QGEMV_FORMAT(q8_0, QF_Q8_0)

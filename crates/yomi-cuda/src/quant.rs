@@ -374,28 +374,30 @@ impl DeviceMatrix {
 }
 
 /// The row buckets and their (bucket, R, U) kernels, as instantiated in gemv_quant.cu.
-const QUANT_VARIANTS: [(usize, usize, usize); 9] = [
-    (1, 1, 2),
+const QUANT_VARIANTS: [(usize, usize, usize); 11] = [
     (1, 1, 4),
     (1, 2, 2),
+    (1, 4, 1),
     (2, 2, 2),
+    (2, 4, 1),
     (4, 2, 2),
+    (4, 4, 1),
     (8, 4, 1),
     (16, 2, 1),
     (16, 4, 1),
     (32, 2, 1),
 ];
 
-/// The kernel [`CudaDevice::linear`] takes for a quantized matrix and a row bucket. Untimed
-/// guesses until the H200 numbers exist (`z_quant_gemv_timing` in tests/gpu_quant.rs): at
-/// T = 1 one row per warp with 4 units in flight (as for bf16, where that was fastest), more
-/// rows per warp as T grows so each x load feeds more FMAs.
+/// The kernel [`CudaDevice::linear`] takes for a quantized matrix and a row bucket: untimed
+/// choices until the H200 numbers exist (`z_quant_gemv_timing` in tests/gpu_quant.rs). The
+/// reasoning: per unit of 32 weights (16–26 bytes) a lane reads 128·T bytes of x through L1,
+/// shared by the R rows of its warp; at R = T the x traffic alone is ~5× the weight bytes and
+/// L1 (~128 B/clock/SM) caps 4-bit weights near 4.7 TB/s, so R grows with T, as far as the
+/// registers allow (t16_r4: ~220 registers, 8 warps per SM).
 pub(crate) fn default_kernel(bucket: usize) -> GemvKernel {
     let (r, u) = match bucket {
-        1 => (1, 4),
-        2 => (2, 2),
-        4 => (2, 2),
-        8 => (4, 1),
+        1 => (2, 2),
+        2 | 4 | 8 | 16 => (4, 1),
         _ => (2, 1),
     };
     GemvKernel::Simt { r, u }
