@@ -2,7 +2,10 @@
 //! an on-disk cache, and the first ops — RMSNorm, GEMV over T ≤ 32 rows for f32/bf16/f16 weights
 //! (CUDA-core kernels, plus a tensor-core kernel for bf16), SwiGLU, partial NeoX RoPE, Gated
 //! DeltaNet decode step and tree verify. Each is checked against its yomi-cpu twin by the
-//! `#[ignore]`d tests in `tests/gpu.rs`; H200 numbers are in bench/RESULTS.md.
+//! `#[ignore]`d tests in `tests/gpu.rs`; H200 numbers are in bench/RESULTS.md. GGUF
+//! block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K; [`QuantFormat`]) upload with
+//! [`DeviceMatrix::from_ggml_blocks`] and go through the same `linear`, plus a row gather for
+//! quantized embedding tables (`src/quant.rs`, `kernels/gemv_quant.cu`, `tests/gpu_quant.rs`).
 //!
 //! Built on cudarc with dynamic loading: the crate builds and its tests pass on machines with no
 //! CUDA at all. Every entry point first checks that the library it needs can be loaded
