@@ -805,6 +805,35 @@ mod tests {
         }
     }
 
+    /// Writes repacked random matrices and their `dequantize_row` values for the host emulation
+    /// of the kernels (`tools/host_sim.sh`, which sets YOMI_HOST_SIM_DIR): per format and shape
+    /// a folder `<fmt>_<rows>x<cols>` with the arrays a0..a3 and w (f32 little-endian).
+    #[test]
+    #[ignore = "writes files for tools/host_sim.sh"]
+    fn host_sim_dump() {
+        let dir = std::env::var("YOMI_HOST_SIM_DIR").expect("YOMI_HOST_SIM_DIR");
+        let mut r = Rng(12345);
+        for f in QuantFormat::ALL {
+            // Rows not a multiple of the warp tiles; K = 2 and 6 super-blocks (lanes partly idle).
+            for (rows, cols) in [(37usize, 512usize), (9, 1536)] {
+                let qd = QuantData::quantize(cpu_type(f), rows, cols, &r.vec(rows * cols));
+                let p = pack(f, rows, cols, &qd.bytes).unwrap();
+                let rb = qd.bytes.len() / rows;
+                let mut w = vec![0f32; rows * cols];
+                for (row, y) in w.chunks_exact_mut(cols).enumerate() {
+                    dequantize_row(cpu_type(f), &qd.bytes[row * rb..(row + 1) * rb], y);
+                }
+                let d = std::path::Path::new(&dir).join(format!("{}_{rows}x{cols}", f.tag()));
+                std::fs::create_dir_all(&d).unwrap();
+                for (i, a) in p.arrays.iter().enumerate() {
+                    std::fs::write(d.join(format!("a{i}")), a).unwrap();
+                }
+                let wb: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+                std::fs::write(d.join("w"), wb).unwrap();
+            }
+        }
+    }
+
     #[test]
     fn variants_and_names() {
         for b in [1, 2, 4, 8, 16, 32] {
