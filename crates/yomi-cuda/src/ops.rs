@@ -378,8 +378,9 @@ impl CudaDevice {
     /// `out[T, rows] = x[T, cols] · Wᵀ (+ bias)` for 1 ≤ T ≤ 32, reading W once for all rows.
     /// bf16 weights with T ≥ 2 go through the tensor-core kernel, which splits x into two bf16
     /// parts (relative L2 error about 4e-6 against the f32 CPU twin at K = 4096–12288, against
-    /// 3e-7 for the SIMT kernels; see `kernels/gemv.cu`). Larger T (prefill) is meant for
-    /// cuBLASLt, which is not wired up yet.
+    /// 3e-7 for the SIMT kernels; see `kernels/gemv.cu`). Block-quantized matrices
+    /// ([`DeviceMatrix::from_ggml_blocks`]) go through `kernels/gemv_quant.cu`, dequantizing in
+    /// registers. Larger T (prefill) is meant for cuBLASLt, which is not wired up yet.
     pub fn linear(
         &self,
         x: &CudaSlice<f32>,
