@@ -41,6 +41,7 @@ impl CudaDevice {
             WeightDtype::F32 => "embed_f32",
             WeightDtype::Bf16 => "embed_bf16",
             WeightDtype::F16 => "embed_f16",
+            WeightDtype::Quant(_) => return self.dequantize_rows(table, ids, out),
         };
         let f = self.func(Module::Glue, name)?;
         let h = as_i32(table.cols, "H")?;
@@ -51,7 +52,10 @@ impl CudaDevice {
         };
         guard("embed", || {
             let st = self.stream();
-            let (tp, ip, op) = (table.data_ptr(st), dptr(ids, st), dptr_mut(out, st));
+            let tp = table
+                .data_ptr(st)
+                .ok_or_else(|| crate::error::CudaError::Invalid("embed: quantized table".into()))?;
+            let (ip, op) = (dptr(ids, st), dptr_mut(out, st));
             let mut b = st.launch_builder(&f);
             b.arg(&tp).arg(&ip).arg(&op).arg(&h);
             // SAFETY: argument types match the embed kernels; lengths checked above.

@@ -25,10 +25,11 @@ pub enum Module {
     Glue,
     Attn,
     Conv,
+    GemvQuant,
 }
 
 impl Module {
-    pub const ALL: [Module; 8] = [
+    pub const ALL: [Module; 9] = [
         Module::Norm,
         Module::Act,
         Module::Rope,
@@ -37,6 +38,7 @@ impl Module {
         Module::Glue,
         Module::Attn,
         Module::Conv,
+        Module::GemvQuant,
     ];
 
     /// File stem under `kernels/`.
@@ -50,6 +52,7 @@ impl Module {
             Module::Glue => "glue",
             Module::Attn => "attention",
             Module::Conv => "conv",
+            Module::GemvQuant => "gemv_quant",
         }
     }
 
@@ -64,6 +67,7 @@ impl Module {
             Module::Glue => include_str!("../kernels/glue.cu"),
             Module::Attn => include_str!("../kernels/attention.cu"),
             Module::Conv => include_str!("../kernels/conv.cu"),
+            Module::GemvQuant => include_str!("../kernels/gemv_quant.cu"),
         }
     }
 
@@ -100,6 +104,7 @@ impl Module {
             .to_vec(),
             Module::Attn => crate::attention::kernel_names(),
             Module::Conv => vec!["conv1d_tree_f32".into()],
+            Module::GemvQuant => crate::quant::all_kernels(),
         }
     }
 }
@@ -345,7 +350,8 @@ mod tests {
                 let defined = src.contains(&format!("void {k}("))
                     || src.contains(&format!("void\n    {k}("))
                     || src.contains(&format!("    {k}("))
-                    || gemv_macro_defines(src, &k);
+                    || gemv_macro_defines(src, &k)
+                    || crate::quant::macro_defines(src, &k);
                 assert!(defined, "kernel {k} not found in {}.cu", m.name());
             }
         }

@@ -2,8 +2,12 @@
 //! an on-disk cache, and the first ops — RMSNorm, GEMV over T ≤ 32 rows for f32/bf16/f16 weights
 //! (CUDA-core kernels, plus a tensor-core kernel for bf16), SwiGLU, partial NeoX RoPE, Gated
 //! DeltaNet decode step and tree verify, tree attention over the KV cache (split-K) and the tree
-//! conv1d. Each is checked against its yomi-cpu twin by the `#[ignore]`d tests in `tests/gpu.rs`
-//! and `tests/gpu_attn.rs`; H200 numbers are in bench/RESULTS.md.
+//! conv1d, the glue ops of a whole-model pass (`glue.rs`) and whole models (`model/`). Each op
+//! is checked against its yomi-cpu twin by the `#[ignore]`d tests in `tests/gpu*.rs`; H200
+//! numbers are in bench/RESULTS.md. GGUF block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K,
+//! Q6_K; [`QuantFormat`]) upload with [`DeviceMatrix::from_ggml_blocks`] and go through the same
+//! `linear`, plus a row gather for quantized embedding tables (`src/quant.rs`,
+//! `kernels/gemv_quant.cu`, `tests/gpu_quant.rs`).
 //!
 //! Built on cudarc with dynamic loading: the crate builds and its tests pass on machines with no
 //! CUDA at all. Every entry point first checks that the library it needs can be loaded
@@ -24,6 +28,7 @@ mod glue;
 pub mod kernels;
 pub mod model;
 mod ops;
+mod quant;
 
 pub use attention::{
     ATTN_HEAD_DIMS, ATTN_KEY_BATCH, ATTN_MAX_GROUP, ATTN_MAX_SPLITS, AttnDims, AttnPlan,
@@ -34,6 +39,7 @@ pub use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 pub use device::{CudaDevice, ModuleInfo};
 pub use error::{CudaError, Result};
 pub use ops::{DeviceMatrix, GdnDeviceRows, GdnShape, GemvKernel, WeightDtype, gemv_variant};
+pub use quant::QuantFormat;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 

@@ -8,6 +8,7 @@ use crate::device::CudaDevice;
 use crate::error::{CudaError, Result, ensure};
 use crate::guard;
 use crate::kernels::Module;
+use crate::quant::{QuantFormat, QuantWeights};
 
 /// How a weight matrix is stored on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,6 +16,8 @@ pub enum WeightDtype {
     F32,
     Bf16,
     F16,
+    /// GGML blocks (see `quant.rs`); `CudaDevice::linear` takes them like the dense types.
+    Quant(QuantFormat),
 }
 
 impl WeightDtype {
@@ -23,29 +26,36 @@ impl WeightDtype {
             WeightDtype::F32 => "f32",
             WeightDtype::Bf16 => "bf16",
             WeightDtype::F16 => "f16",
+            WeightDtype::Quant(f) => f.tag(),
         }
     }
 
-    /// Elements per 16-byte load.
+    /// Elements per 16-byte load (quantized: the block size, which K must be a multiple of).
     fn per_16_bytes(self) -> usize {
         match self {
             WeightDtype::F32 => 4,
+            WeightDtype::Quant(f) => f.block_size(),
             _ => 8,
         }
     }
 
+    /// Bytes per element of the dense types; 0 for block-quantized ones, whose elements take
+    /// no whole number of bytes (see [`QuantFormat::block_bytes`] and
+    /// [`DeviceMatrix::size_bytes`]).
     pub fn size_bytes(self) -> usize {
         match self {
             WeightDtype::F32 => 4,
+            WeightDtype::Quant(_) => 0,
             _ => 2,
         }
     }
 }
 
-enum Weights {
+pub(crate) enum Weights {
     F32(CudaSlice<f32>),
     /// bf16 or f16 bit patterns.
     Half(CudaSlice<u16>),
+    Quant(QuantWeights),
 }
 
 /// A [rows, cols] weight matrix on the device (rows = output features, PyTorch layout).
@@ -53,7 +63,7 @@ pub struct DeviceMatrix {
     pub rows: usize,
     pub cols: usize,
     pub dtype: WeightDtype,
-    data: Weights,
+    pub(crate) data: Weights,
 }
 
 impl DeviceMatrix {
@@ -80,7 +90,7 @@ impl DeviceMatrix {
         bits: &[u16],
     ) -> Result<Self> {
         ensure!(
-            dtype != WeightDtype::F32,
+            matches!(dtype, WeightDtype::Bf16 | WeightDtype::F16),
             "from_half_bits takes bf16 or f16 bits"
         );
         ensure!(
@@ -96,15 +106,21 @@ impl DeviceMatrix {
         })
     }
 
+    /// Device bytes of the weights.
     pub fn size_bytes(&self) -> usize {
-        self.rows * self.cols * self.dtype.size_bytes()
+        match &self.data {
+            Weights::Quant(q) => q.size_bytes(),
+            _ => self.rows * self.cols * self.dtype.size_bytes(),
+        }
     }
 
     /// Device address of the first value (for kernels that read the matrix themselves).
-    pub(crate) fn data_ptr(&self, stream: &CudaStream) -> u64 {
+    /// None for block-quantized matrices, which only the quant kernels read.
+    pub(crate) fn data_ptr(&self, stream: &CudaStream) -> Option<u64> {
         match &self.data {
-            Weights::F32(s) => dptr(s, stream),
-            Weights::Half(s) => dptr(s, stream),
+            Weights::F32(s) => Some(dptr(s, stream)),
+            Weights::Half(s) => Some(dptr(s, stream)),
+            Weights::Quant(_) => None,
         }
     }
 }
@@ -150,6 +166,9 @@ const MMA_U: [usize; 2] = [2, 4];
 /// takes the tensor-core kernel, whose time hardly changes from T = 1 to 4). f32/f16 weights have
 /// only SIMT kernels; there R = 2 beat R = 4 at T = 16 and 32.
 fn default_kernel(dtype: WeightDtype, bucket: usize) -> GemvKernel {
+    if let WeightDtype::Quant(_) = dtype {
+        return crate::quant::default_kernel(bucket);
+    }
     if dtype == WeightDtype::Bf16 && bucket >= 2 {
         return GemvKernel::Mma { u: 2 };
     }
@@ -199,6 +218,9 @@ pub fn gemv_variant(dtype: WeightDtype, t: usize) -> Vec<GemvKernel> {
     let Some(&b) = BUCKETS.iter().find(|&&b| b >= t) else {
         return Vec::new();
     };
+    if let WeightDtype::Quant(_) = dtype {
+        return crate::quant::variants(b);
+    }
     let mut v = vec![default_kernel(dtype, b)];
     let extra: &[(usize, usize, usize)] = if dtype == WeightDtype::Bf16 {
         &SIMT_BF16_EXTRA
@@ -392,8 +414,9 @@ impl CudaDevice {
     /// `out[T, rows] = x[T, cols] · Wᵀ (+ bias)` for 1 ≤ T ≤ 32, reading W once for all rows.
     /// bf16 weights with T ≥ 2 go through the tensor-core kernel, which splits x into two bf16
     /// parts (relative L2 error about 4e-6 against the f32 CPU twin at K = 4096–12288, against
-    /// 3e-7 for the SIMT kernels; see `kernels/gemv.cu`). Larger T (prefill) is meant for
-    /// cuBLASLt, which is not wired up yet.
+    /// 3e-7 for the SIMT kernels; see `kernels/gemv.cu`). Block-quantized matrices
+    /// ([`DeviceMatrix::from_ggml_blocks`]) go through `kernels/gemv_quant.cu`, dequantizing in
+    /// registers. Larger T (prefill) is meant for cuBLASLt, which is not wired up yet.
     pub fn linear(
         &self,
         x: &impl DevicePtr<f32>,
@@ -447,6 +470,9 @@ impl CudaDevice {
             w.dtype.tag()
         );
         let name = gemv_name(w.dtype, t, kern);
+        if let (Weights::Quant(q), GemvKernel::Simt { r, .. }) = (&w.data, kern) {
+            return self.linear_quant(x, t, w, q, bias, out, &name, r);
+        }
         let f = self.func(Module::Gemv, &name)?;
         let (n_i, k_i, t_i) = (as_i32(n, "out")?, as_i32(k, "in")?, t as i32);
         let blocks = match kern {
@@ -466,6 +492,7 @@ impl CudaDevice {
             match &w.data {
                 Weights::F32(s) => b.arg(s),
                 Weights::Half(s) => b.arg(s),
+                Weights::Quant(_) => unreachable!("launched by linear_quant above"),
             };
             b.arg(&xp);
             match bias {

@@ -218,7 +218,7 @@ fn to_bits(dtype: WeightDtype, w: &[f32]) -> Vec<u16> {
             .iter()
             .map(|v| half::f16::from_f32(*v).to_bits())
             .collect(),
-        WeightDtype::F32 => unreachable!(),
+        _ => unreachable!(),
     }
 }
 

@@ -2,13 +2,15 @@
 
 use anyhow::{Context, Result};
 use cudarc::driver::CudaSlice;
+use yomi_cpu::Matrix;
 use yomi_cpu::linear::WeightData;
-use yomi_cpu::{Matrix, quant};
+use yomi_cpu::quant::QuantType;
 use yomi_models::Model;
 use yomi_models::model::Mixer;
 
 use crate::device::CudaDevice;
 use crate::ops::{DeviceMatrix, WeightDtype};
+use crate::quant::QuantFormat;
 
 pub(super) struct DevAttn {
     pub q: DeviceMatrix,
@@ -60,8 +62,8 @@ pub(super) struct DevWeights {
     pub inv_freq: CudaSlice<f32>,
 }
 
-/// Uploads one matrix in its own format. GGML block formats are dequantized to f32 on the host
-/// for now (correct, 4–8× the bytes of the blocks): the quantized GEMV kernels replace this.
+/// Uploads one matrix in its own format: f32/bf16/f16 as they are, GGML blocks as blocks (the
+/// quantized GEMV kernels read them; never dequantized whole).
 fn upload_matrix(dev: &CudaDevice, m: &Matrix) -> Result<DeviceMatrix> {
     Ok(match &m.data {
         WeightData::F32(v) => DeviceMatrix::from_f32(dev, m.rows, m.cols, v)?,
@@ -72,11 +74,15 @@ fn upload_matrix(dev: &CudaDevice, m: &Matrix) -> Result<DeviceMatrix> {
             DeviceMatrix::from_half_bits(dev, m.rows, m.cols, WeightDtype::F16, v)?
         }
         WeightData::Quant(q) => {
-            let mut f = vec![0.0f32; m.rows * m.cols];
-            for (r, dst) in f.chunks_exact_mut(m.cols).enumerate() {
-                quant::dequantize_row(q.ty, q.row(m.cols, r), dst);
-            }
-            DeviceMatrix::from_f32(dev, m.rows, m.cols, &f)?
+            let fmt = match q.ty {
+                QuantType::Q8_0 => QuantFormat::Q8_0,
+                QuantType::Q4_0 => QuantFormat::Q4_0,
+                QuantType::Q4_1 => QuantFormat::Q4_1,
+                QuantType::Q4_K => QuantFormat::Q4_K,
+                QuantType::Q5_K => QuantFormat::Q5_K,
+                QuantType::Q6_K => QuantFormat::Q6_K,
+            };
+            DeviceMatrix::from_ggml_blocks(dev, m.rows, m.cols, fmt, &q.bytes)?
         }
     })
 }
