@@ -73,7 +73,7 @@ __device__ __forceinline__ float att_warp_max(float v) {
     return v;
 }
 
-template <int HC>
+template <int HC, int HD>
 __device__ __forceinline__ void attn_partial(const float* __restrict__ q,
                                              const float* __restrict__ kc,
                                              const float* __restrict__ vc,

@@ -388,16 +388,17 @@ const QUANT_VARIANTS: [(usize, usize, usize); 11] = [
     (32, 2, 1),
 ];
 
-/// The kernel [`CudaDevice::linear`] takes for a quantized matrix and a row bucket: untimed
-/// choices until the H200 numbers exist (`z_quant_gemv_timing` in tests/gpu_quant.rs). The
+/// The kernel [`CudaDevice::linear`] takes for a quantized matrix and a row bucket (T = 1 from
+/// the H200 timing of `z_quant_gemv_timing` in tests/gpu_quant.rs; the others reasoned). The
 /// reasoning: per unit of 32 weights (16–26 bytes) a lane reads 128·T bytes of x through L1,
 /// shared by the R rows of its warp; at R = T the x traffic alone is ~5× the weight bytes and
 /// L1 (~128 B/clock/SM) caps 4-bit weights near 4.7 TB/s, so R grows with T, as far as the
 /// registers allow (t16_r4: ~220 registers, 8 warps per SM).
 pub(crate) fn default_kernel(bucket: usize) -> GemvKernel {
+    // H200, 2026-11-30 (bench/RESULTS.md): at T = 1, R = 4 rows per warp beat R = 2 (U = 2) by
+    // 1.1–2.0× on Q8_0, Q4_1 and Q4_K at 4096×4096, 12288×4096 and 4096×12288.
     let (r, u) = match bucket {
-        1 => (2, 2),
-        2 | 4 | 8 | 16 => (4, 1),
+        1 | 2 | 4 | 8 | 16 => (4, 1),
         _ => (2, 1),
     };
     GemvKernel::Simt { r, u }
