@@ -137,3 +137,19 @@ extern "C" __global__ void gather_rows_f32(const float* __restrict__ src, float*
     float* d = dst + (size_t)blockIdx.x * len;
     for (int i = threadIdx.x; i < len; i += blockDim.x) d[i] = s[i];
 }
+
+// ---------------------------------------------------------------------------------------------
+// K/V store: cache[(committed + i)·stride + j] = src[i·stride + j] for the T pending rows, with
+// `committed` read from device memory (so a captured pass writes where the current step needs).
+// Rows past `capacity` are dropped (the host checks committed + T ≤ capacity before a pass).
+// One thread per value: T·stride threads.
+extern "C" __global__ void kv_store_f32(const float* __restrict__ src, float* __restrict__ cache,
+                                        const int* __restrict__ committed, int t_rows, int stride,
+                                        int capacity) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)t_rows * stride) return;
+    const int i = (int)(idx / stride);
+    const long long row = (long long)committed[0] + i;
+    if (row >= capacity) return;
+    cache[row * stride + idx % stride] = src[idx];
+}

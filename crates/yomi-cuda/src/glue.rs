@@ -348,4 +348,46 @@ impl CudaDevice {
                 .map_err(launch_err("gather_rows_f32"))
         })
     }
+
+    /// Writes the T = src.len() / stride pending K (or V) rows into the cache after the
+    /// `committed` rows, reading `committed` from device memory (graph-safe).
+    pub fn kv_store(
+        &self,
+        src: &impl DevicePtr<f32>,
+        stride: usize,
+        committed: &impl DevicePtr<i32>,
+        cache: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        ensure!(
+            stride > 0 && src.len().is_multiple_of(stride) && cache.len().is_multiple_of(stride),
+            "kv_store: src {} values, cache {}, stride {stride}",
+            src.len(),
+            cache.len()
+        );
+        let t = src.len() / stride;
+        if t == 0 {
+            return Ok(());
+        }
+        let f = self.func(Module::Glue, "kv_store_f32")?;
+        let (t_i, s_i, cap_i) = (
+            as_i32(t, "T")?,
+            as_i32(stride, "stride")?,
+            as_i32(cache.len() / stride, "capacity")?,
+        );
+        guard("kv_store", || {
+            let st = self.stream();
+            let (sp, cp) = (dptr(src, st), dptr(committed, st));
+            let mut b = st.launch_builder(&f);
+            b.arg(&sp)
+                .arg(&mut *cache)
+                .arg(&cp)
+                .arg(&t_i)
+                .arg(&s_i)
+                .arg(&cap_i);
+            // SAFETY: argument types match `kv_store_f32`; rows past the cache are dropped.
+            unsafe { b.launch(grid_1d((t * stride) as u64)) }
+                .map(|_| ())
+                .map_err(launch_err("kv_store_f32"))
+        })
+    }
 }

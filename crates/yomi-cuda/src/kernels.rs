@@ -99,6 +99,7 @@ impl Module {
                 "gdn_gate_beta_f32",
                 "rms_norm_gated_f32",
                 "gather_rows_f32",
+                "kv_store_f32",
             ]
             .map(String::from)
             .to_vec(),

@@ -10,6 +10,7 @@
 
 use anyhow::{Result, bail};
 use cudarc::driver::CudaSlice;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use yomi_core::TreeBatch;
 use yomi_models::LogitRows;
 
@@ -34,6 +35,14 @@ struct Sub {
     n: usize,
     /// The pass is a chain.
     chain: bool,
+}
+
+fn which_code(w: LogitRows) -> u8 {
+    match w {
+        LogitRows::All => 0,
+        LogitRows::Last => 1,
+        LogitRows::None => 2,
+    }
 }
 
 impl CudaModel {
@@ -83,11 +92,80 @@ impl CudaModel {
                 n,
                 chain,
             };
-            self.sub_pass(st, sub, tokens, tree, which, logits.as_deref_mut())?;
+            self.upload_inputs(st, sub, tokens, tree)?;
+            if t <= MAX_ROWS && self.graphs {
+                self.graph_pass(st, sub, t, which)?;
+            } else {
+                self.device_pass(st, sub, t, which)?;
+            }
+            self.download_logits(st, sub, t, which, logits.as_deref_mut())?;
             st.pend_rows = n;
             off += n;
         }
         st.pend_multi = t > MAX_ROWS;
+        Ok(())
+    }
+
+    /// A one-sub-pass pass through its CUDA graph: replayed when captured before, captured on
+    /// the second pass of the same shape (the first runs eagerly, so every kernel module is
+    /// loaded outside the capture), else run eagerly. The graph reads every per-pass value
+    /// (tokens, positions, parents, ancestor bits, committed length) from the state's device
+    /// buffers, which `upload_inputs` filled, and writes K/V where the device scalar says.
+    fn graph_pass(
+        &self,
+        st: &mut CudaState,
+        sub: Sub,
+        total: usize,
+        which: LogitRows,
+    ) -> Result<()> {
+        let key = (sub.n, which_code(which));
+        if let Some(g) = st.graphs.get(&key) {
+            return g
+                .launch()
+                .map_err(|e| anyhow::anyhow!("CUDA graph launch: {e:?}"));
+        }
+        if !st.seen.contains(&key) {
+            st.seen.insert(key);
+            return self.device_pass(st, sub, total, which);
+        }
+        let stream = self.dev.stream().clone();
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| anyhow::anyhow!("CUDA graph capture: {e:?}"))?;
+        let ran = self.device_pass(st, sub, total, which);
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+        ran?;
+        let g = graph
+            .map_err(|e| anyhow::anyhow!("CUDA graph capture: {e:?}"))?
+            .ok_or_else(|| anyhow::anyhow!("CUDA graph capture produced no graph"))?;
+        g.launch()
+            .map_err(|e| anyhow::anyhow!("CUDA graph launch: {e:?}"))?;
+        st.graphs.insert(key, super::state::Graph(g));
+        Ok(())
+    }
+
+    /// Copies the logits of the rows `which` selects back to the host (None: benchmarks).
+    fn download_logits(
+        &self,
+        st: &mut CudaState,
+        sub: Sub,
+        total: usize,
+        which: LogitRows,
+        logits: Option<&mut Vec<f32>>,
+    ) -> Result<()> {
+        let Some(l) = logits else {
+            return Ok(());
+        };
+        let v = self.cfg.vocab_size;
+        let (k, dst) = match which {
+            LogitRows::All => (sub.n, sub.off),
+            LogitRows::Last if sub.off + sub.n == total => (1, 0),
+            _ => return Ok(()),
+        };
+        self.dev.download_into(
+            &st.buf.logits.slice(0..k * v),
+            &mut l[dst * v..(dst + k) * v],
+        )?;
         Ok(())
     }
 
@@ -142,14 +220,13 @@ impl CudaModel {
         Ok(())
     }
 
-    fn sub_pass(
+    /// Everything of a sub-pass that runs on the device (no host transfer: capturable).
+    fn device_pass(
         &self,
         st: &mut CudaState,
         sub: Sub,
-        tokens: &[u32],
-        tree: &TreeBatch,
+        total: usize,
         which: LogitRows,
-        logits: Option<&mut Vec<f32>>,
     ) -> Result<()> {
         let cfg = &self.cfg;
         let dev = &*self.dev;
@@ -157,7 +234,6 @@ impl CudaModel {
         let n = sub.n;
         let h_sz = cfg.hidden_size;
         let eps = cfg.rms_norm_eps;
-        self.upload_inputs(st, sub, tokens, tree)?;
         dev.embed(
             &w.embed,
             &st.buf.ids.slice(0..n),
@@ -212,10 +288,9 @@ impl CudaModel {
             dev.add_inplace(&mut b.h.slice_mut(0..n * h_sz), &b.y.slice(0..n * h_sz))?;
         }
         // Final norm and LM head on the rows whose logits are wanted.
-        let total = tree.len();
-        let (r0, k, dst) = match which {
-            LogitRows::All => (0, n, sub.off),
-            LogitRows::Last if sub.off + n == total => (n - 1, 1, 0),
+        let (r0, k) = match which {
+            LogitRows::All => (0, n),
+            LogitRows::Last if sub.off + n == total => (n - 1, 1),
             _ => return Ok(()),
         };
         let v = cfg.vocab_size;
@@ -234,9 +309,6 @@ impl CudaModel {
             None,
             &mut b.logits.slice_mut(0..k * v),
         )?;
-        if let Some(l) = logits {
-            dev.download_into(&b.logits.slice(0..k * v), &mut l[dst * v..(dst + k) * v])?;
-        }
         Ok(())
     }
 
@@ -263,23 +335,23 @@ impl CudaModel {
             w.q_bias.as_ref(),
             &mut b.qf.slice_mut(0..n * w.q.rows),
         )?;
-        // The pending rows' K/V go straight into the cache after the rows before this sub-pass.
+        // The pending rows' K/V are made in scratch, then stored after the committed rows by a
+        // kernel that reads the committed length on the device (so a graph replays correctly).
         let stride = nkv * hd;
-        let c0 = sub.committed + sub.off;
-        let kv_rows = c0 * stride..(c0 + n) * stride;
+        let kv_rows = 0..n * stride;
         dev.linear(
             &x,
             n,
             &w.k,
             w.k_bias.as_ref(),
-            &mut kc.slice_mut(kv_rows.clone()),
+            &mut b.kb.slice_mut(kv_rows.clone()),
         )?;
         dev.linear(
             &x,
             n,
             &w.v,
             w.v_bias.as_ref(),
-            &mut vc.slice_mut(kv_rows.clone()),
+            &mut b.vb.slice_mut(kv_rows.clone()),
         )?;
         // q: its own buffer when gated (split from qf), else qf itself.
         let gated = cfg.attn_output_gate;
@@ -296,7 +368,7 @@ impl CudaModel {
             dev.rms_norm_inplace(&mut qbuf.slice_mut(0..qn), qn_w, cfg.rms_norm_eps)?;
         }
         if let Some(kn_w) = &w.k_norm {
-            dev.rms_norm_inplace(&mut kc.slice_mut(kv_rows.clone()), kn_w, cfg.rms_norm_eps)?;
+            dev.rms_norm_inplace(&mut b.kb.slice_mut(kv_rows.clone()), kn_w, cfg.rms_norm_eps)?;
         }
         let rot = cfg.rotary_dim;
         let pos = b.pos.slice(0..n);
@@ -310,7 +382,7 @@ impl CudaModel {
             &self.w.inv_freq,
         )?;
         dev.rope_neox(
-            &mut kc.slice_mut(kv_rows),
+            &mut b.kb.slice_mut(kv_rows.clone()),
             n,
             nkv,
             hd,
@@ -318,6 +390,8 @@ impl CudaModel {
             &pos,
             &self.w.inv_freq,
         )?;
+        dev.kv_store(&b.kb.slice(kv_rows.clone()), stride, &b.committed, kc)?;
+        dev.kv_store(&b.vb.slice(kv_rows), stride, &b.committed, vc)?;
         let scratch = b
             .attn
             .as_mut()
@@ -451,14 +525,14 @@ impl CudaModel {
         };
         let parents = b.parents.slice(0..n);
         let mut o = b.gdn_o.slice_mut(0..n * vd);
-        if !sub.chain {
-            dev.gdn_tree_verify(shape, n, &rows, &parents, s, &mut o, None)?;
-        } else if sub.off == 0 {
+        // Buffers are copied, never swapped: a captured graph keeps their addresses.
+        if sub.off == 0 {
+            // For a tree, `fin` gets the state after the root → last-row path (unused).
             dev.gdn_tree_verify(shape, n, &rows, &parents, s, &mut o, Some(fin))?;
         } else {
-            // Continue from the previous sub-pass's final state; the new one lands in `spare`.
+            // Continue from the previous sub-pass's final state.
             dev.gdn_tree_verify(shape, n, &rows, &parents, fin, &mut o, Some(spare))?;
-            std::mem::swap(fin, spare);
+            dev.copy(spare, fin)?;
         }
         dev.rms_norm_gated(
             &mut b.gdn_o.slice_mut(0..n * vd),
@@ -542,8 +616,9 @@ impl CudaModel {
                         .gdn
                         .ok_or_else(|| anyhow::anyhow!("a GDN layer without a GDN config"))?;
                     let (kd, vd, hv) = (g.key_dim(), g.value_dim(), g.num_value_heads);
+                    // Copies, not swaps: captured graphs keep the buffers' addresses.
                     if full_chain {
-                        std::mem::swap(s, fin);
+                        dev.copy(fin, s)?;
                     } else {
                         // Replay: the accepted rows, compacted, form a chain from S; its final
                         // state becomes S.
@@ -600,7 +675,7 @@ impl CudaModel {
                             &mut b.gdn_o.slice_mut(0..n * vd),
                             Some(spare),
                         )?;
-                        std::mem::swap(s, spare);
+                        dev.copy(spare, s)?;
                     }
                     let wl = (g.conv_kernel - 1) * g.conv_dim();
                     dev.copy(&pwin.slice(last * wl..(last + 1) * wl), conv)?;

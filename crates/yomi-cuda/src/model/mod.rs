@@ -22,6 +22,8 @@ pub struct CudaModel {
     dev: Arc<CudaDevice>,
     cfg: ModelConfig,
     w: DevWeights,
+    /// Replay passes of up to MAX_ROWS rows as CUDA graphs (`YOMI_CUDA_GRAPHS=0` turns it off).
+    graphs: bool,
 }
 
 impl CudaModel {
@@ -38,6 +40,7 @@ impl CudaModel {
             dev,
             cfg: model.cfg.clone(),
             w,
+            graphs: std::env::var("YOMI_CUDA_GRAPHS").map_or(true, |v| v != "0"),
         })
     }
 

@@ -3,9 +3,10 @@
 //! a pass allocates nothing).
 
 use std::any::Any;
+use std::collections::{HashMap, HashSet};
 
 use anyhow::Result;
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaGraph, CudaSlice};
 use yomi_models::{AccelState, LayerKind, ModelConfig};
 
 use crate::attention::{AttnDims, AttnScratch};
@@ -57,6 +58,9 @@ pub(super) struct PassBuffers {
     /// Rows committed before the sub-pass (device scalar, read by the attention kernels).
     pub committed: CudaSlice<i32>,
     pub h: CudaSlice<f32>,
+    /// This sub-pass's K and V rows before they are stored in the cache.
+    pub kb: CudaSlice<f32>,
+    pub vb: CudaSlice<f32>,
     pub x: CudaSlice<f32>,
     pub y: CudaSlice<f32>,
     pub qf: CudaSlice<f32>,
@@ -85,6 +89,21 @@ pub(super) struct PassBuffers {
     pub host_u64: Vec<u64>,
 }
 
+/// A captured pass. The graph's nodes point into this state's buffers and the model's weights,
+/// which outlive it; it is launched only through the `&mut CudaState` that owns it.
+pub(super) struct Graph(pub CudaGraph);
+
+// SAFETY: a CudaGraph is a handle to driver objects usable from any thread; this one is only
+// launched through its owning state, never from two threads at once.
+unsafe impl Send for Graph {}
+
+impl std::ops::Deref for Graph {
+    type Target = CudaGraph;
+    fn deref(&self) -> &CudaGraph {
+        &self.0
+    }
+}
+
 pub struct CudaState {
     pub(super) capacity: usize,
     pub(super) layers: Vec<DevLayerState>,
@@ -92,6 +111,9 @@ pub struct CudaState {
     /// Rows of the pending pass's last sub-pass and whether the pass had more than one.
     pub(super) pend_rows: usize,
     pub(super) pend_multi: bool,
+    /// Captured passes by (rows, which logits), and the shapes run once (captured next time).
+    pub(super) graphs: HashMap<(usize, u8), Graph>,
+    pub(super) seen: HashSet<(usize, u8)>,
 }
 
 impl AccelState for CudaState {
@@ -173,6 +195,8 @@ impl CudaState {
             anc: dev.alloc_zeros::<u64>(R)?,
             committed: zi(1)?,
             h: z(R * h)?,
+            kb: z(R * cfg.num_kv_heads * cfg.head_dim)?,
+            vb: z(R * cfg.num_kv_heads * cfg.head_dim)?,
             x: z(R * h)?,
             y: z(R * h)?,
             qf: z(R * q_rows)?,
@@ -204,6 +228,8 @@ impl CudaState {
             buf,
             pend_rows: 0,
             pend_multi: false,
+            graphs: HashMap::new(),
+            seen: HashSet::new(),
         })
     }
 }
