@@ -20,10 +20,13 @@
 //! - GDN decode and tree verify: max |Δ| ≤ 5e-5 against both the CPU twin and the f64
 //!   recurrence (the CPU twin's own test allows 2e-5 against f64).
 
+mod common;
+use common::{Rng, poisoned, time_ms};
+
 use std::sync::Arc;
 
-use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaEvent, CudaSlice};
+use cudarc::driver::CudaSlice;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use yomi_core::TreeBatch;
 use yomi_cpu::gdn::{self as cgdn, GdnRows};
 use yomi_cpu::linear::{Matrix, WeightData, linear as cpu_linear};
@@ -35,25 +38,6 @@ fn dev() -> CudaDevice {
     match CudaDevice::open(0) {
         Ok(d) => d,
         Err(e) => panic!("these tests need a CUDA device: {e}"),
-    }
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    /// Uniform in [0, 1).
-    fn f(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 40) as f32 / (1u64 << 24) as f32
-    }
-    /// Uniform in [−s, s).
-    fn vec(&mut self, n: usize, s: f32) -> Vec<f32> {
-        (0..n).map(|_| (self.f() * 2.0 - 1.0) * s).collect()
     }
 }
 
@@ -81,10 +65,6 @@ fn compare(gpu: &[f32], cpu: &[f32]) -> Err {
         rel_l2: (num / den.max(1e-300)).sqrt(),
         max_ref,
     }
-}
-
-fn poisoned(d: &CudaDevice, n: usize) -> CudaSlice<f32> {
-    d.upload(&vec![f32::NAN; n]).unwrap()
 }
 
 fn report(op: &str, case: &str, e: &Err) {
@@ -519,31 +499,6 @@ fn gdn_tree_verify_matches_cpu() {
 
 // ------------------------------------------------------------------------------------------
 // Timing
-
-fn event(d: &CudaDevice) -> CudaEvent {
-    d.context()
-        .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-        .unwrap()
-}
-
-/// Median milliseconds of `reps` timed calls of `f` (after `warm` untimed ones).
-fn time_ms(d: &CudaDevice, warm: usize, reps: usize, mut f: impl FnMut()) -> f64 {
-    for _ in 0..warm {
-        f();
-    }
-    d.synchronize().unwrap();
-    let (a, b) = (event(d), event(d));
-    let mut v = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        a.record(d.stream()).unwrap();
-        f();
-        b.record(d.stream()).unwrap();
-        b.synchronize().unwrap();
-        v.push(a.elapsed_ms(&b).unwrap() as f64);
-    }
-    v.sort_by(f64::total_cmp);
-    v[reps / 2]
-}
 
 fn stream(d: &CudaDevice) -> &Arc<cudarc::driver::CudaStream> {
     d.stream()

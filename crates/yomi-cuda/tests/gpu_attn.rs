@@ -22,8 +22,11 @@
 //!   separately rounded products and adds, so only expf and the division in silu can differ;
 //!   the windows are copies and must be bit-identical.
 
-use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaEvent, CudaSlice};
+mod common;
+use common::{Rng, poisoned, time_ms};
+
+use cudarc::driver::CudaSlice;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use yomi_core::TreeBatch;
 use yomi_cpu::attention::{AttnShape, attention_tree as cpu_attention};
 use yomi_cpu::conv::conv1d_tree as cpu_conv;
@@ -36,25 +39,6 @@ fn dev() -> Option<CudaDevice> {
             eprintln!("skipped: these tests need a CUDA device ({e})");
             None
         }
-    }
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    /// Uniform in [0, 1).
-    fn f(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 40) as f32 / (1u64 << 24) as f32
-    }
-    /// Uniform in [−s, s).
-    fn vec(&mut self, n: usize, s: f32) -> Vec<f32> {
-        (0..n).map(|_| (self.f() * 2.0 - 1.0) * s).collect()
     }
 }
 
@@ -103,10 +87,6 @@ fn compare(gpu: &[f32], cpu: &[f32]) -> Err {
         e.max_ref = e.max_ref.max(c.abs());
     }
     e
-}
-
-fn poisoned(d: &CudaDevice, n: usize) -> CudaSlice<f32> {
-    d.upload(&vec![f32::NAN; n]).unwrap()
 }
 
 const QWEN: AttnDims = AttnDims {
@@ -398,31 +378,6 @@ fn conv1d_tree_matches_cpu() {
 
 // ------------------------------------------------------------------------------------------
 // Timing
-
-fn event(d: &CudaDevice) -> CudaEvent {
-    d.context()
-        .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-        .unwrap()
-}
-
-/// Median milliseconds of `reps` timed calls of `f` (after `warm` untimed ones).
-fn time_ms(d: &CudaDevice, warm: usize, reps: usize, mut f: impl FnMut()) -> f64 {
-    for _ in 0..warm {
-        f();
-    }
-    d.synchronize().unwrap();
-    let (a, b) = (event(d), event(d));
-    let mut v = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        a.record(d.stream()).unwrap();
-        f();
-        b.record(d.stream()).unwrap();
-        b.synchronize().unwrap();
-        v.push(a.elapsed_ms(&b).unwrap() as f64);
-    }
-    v.sort_by(f64::total_cmp);
-    v[reps / 2]
-}
 
 /// Attention time for the Qwen3.5 shape (16/4 heads of 256, cache of 8192 + 64 rows) at T = 1 and
 /// 16, committed 1k and 8k, over 8 layers' caches (so a round reads more than the 50 MB L2 even at

@@ -20,8 +20,10 @@
 //! 32-way shuffle tree): a few 1e-7 relative for random data, with margin for the 1e-5 bound.
 //! Gather: bit-exact against `dequantize_row`.
 
-use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaEvent, CudaSlice};
+mod common;
+use common::{Rng, time_ms};
+
+use cudarc::driver::CudaSlice;
 use yomi_cpu::quant::{QuantType, dequantize_row, quantize_row};
 use yomi_cuda::{CudaDevice, DeviceMatrix, QuantFormat, WeightDtype, gemv_variant};
 
@@ -38,24 +40,6 @@ fn dev_or_skip(test: &str) -> Option<CudaDevice> {
 
 fn cpu_type(f: QuantFormat) -> QuantType {
     QuantType::from_ggml_id(f.ggml_type()).expect("yomi-cpu knows every QuantFormat")
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn f(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 40) as f32 / (1u64 << 24) as f32
-    }
-    /// Uniform in [−s, s).
-    fn vec(&mut self, n: usize, s: f32) -> Vec<f32> {
-        (0..n).map(|_| (self.f() * 2.0 - 1.0) * s).collect()
-    }
 }
 
 fn threads() -> usize {
@@ -333,31 +317,6 @@ fn quant_gather_is_exact() {
 
 // ------------------------------------------------------------------------------------------
 // Timing
-
-fn event(d: &CudaDevice) -> CudaEvent {
-    d.context()
-        .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-        .unwrap()
-}
-
-/// Median milliseconds of `reps` timed calls of `f` (after `warm` untimed ones).
-fn time_ms(d: &CudaDevice, warm: usize, reps: usize, mut f: impl FnMut()) -> f64 {
-    for _ in 0..warm {
-        f();
-    }
-    d.synchronize().unwrap();
-    let (a, b) = (event(d), event(d));
-    let mut v = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        a.record(d.stream()).unwrap();
-        f();
-        b.record(d.stream()).unwrap();
-        b.synchronize().unwrap();
-        v.push(a.elapsed_ms(&b).unwrap() as f64);
-    }
-    v.sort_by(f64::total_cmp);
-    v[reps / 2]
-}
 
 /// Time per call and effective bandwidth of every quantized GEMV kernel at T = 1..32 on
 /// 4096×4096 and 12288×4096 (and 4096×12288), against a device-to-device copy. Each round
