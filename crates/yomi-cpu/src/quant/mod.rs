@@ -355,6 +355,20 @@ pub fn set_precision(p: Precision) {
     PRECISION.store(p as u8, Ordering::Relaxed);
 }
 
+/// `YOMI_QUANT_ROWS` (read once): `per-row` turns multi-row tiling off, anything else (or
+/// nothing) leaves it on.
+fn row_tiling_default() -> bool {
+    static ENV: OnceLock<bool> = OnceLock::new();
+    *ENV.get_or_init(|| match std::env::var("YOMI_QUANT_ROWS") {
+        Ok(v) if v.trim() == "per-row" => false,
+        Ok(v) if v.trim() != "tiled" => {
+            eprintln!("yomi: ignoring YOMI_QUANT_ROWS={v:?} (expected per-row or tiled); tiling");
+            true
+        }
+        _ => true,
+    })
+}
+
 /// One quantized activation row, of the kind the weight type and precision need.
 #[derive(Clone, Copy, Debug)]
 pub enum ActRow<'a> {
@@ -374,6 +388,10 @@ pub enum ActRow<'a> {
 pub struct Kernel {
     isa: Isa,
     precision: Precision,
+    /// Whether [`linear_quant_with`] runs T > 1 rows through [`Kernel::dot_rows`] (tiles of
+    /// activation rows sharing each unpacked weight block) or, as before it existed, one
+    /// [`Kernel::dot`] per (weight row, activation row). Both give the same bits.
+    row_tiling: bool,
 }
 
 impl Kernel {
@@ -382,6 +400,7 @@ impl Kernel {
         isa.is_supported().then(|| Kernel {
             isa,
             precision: Precision::current(),
+            row_tiling: row_tiling_default(),
         })
     }
 
@@ -390,12 +409,25 @@ impl Kernel {
         Kernel {
             isa: Isa::detect(),
             precision: Precision::current(),
+            row_tiling: row_tiling_default(),
         }
     }
 
     /// The same kernels quantizing activations to `precision`.
     pub fn with_precision(self, precision: Precision) -> Kernel {
         Kernel { precision, ..self }
+    }
+
+    /// The same kernels with multi-row tiling on or off (see [`Kernel::row_tiling`]; off is
+    /// the per-row path, kept to measure the tiling against).
+    pub fn with_row_tiling(self, row_tiling: bool) -> Kernel {
+        Kernel { row_tiling, ..self }
+    }
+
+    /// Whether T > 1 rows go through [`Kernel::dot_rows`] tiles (default on;
+    /// `YOMI_QUANT_ROWS=per-row` turns it off for [`Kernel::best`] and [`Kernel::new`]).
+    pub fn row_tiling(self) -> bool {
+        self.row_tiling
     }
 
     pub fn isa(self) -> Isa {
@@ -442,6 +474,58 @@ impl Kernel {
             #[cfg(target_arch = "x86_64")]
             (isa, T::Q4_K | T::Q5_K | T::Q6_K) => x86_dot256(isa, ty, w, a),
             (_, ty) => panic!("Kernel::dot: wrong activation kind for {ty}"),
+        }
+    }
+
+    /// Dot products of one weight row with `out.len()` activation rows held back to back in `a`
+    /// (each `a.len() / out.len()` units long): `out[i]` is **bitwise** [`Kernel::dot`] of row
+    /// i, whatever the number of rows (what lossless speculative decoding relies on). The SIMD
+    /// kernels unpack each weight block once for a tile of rows (see [`x86`]); the scalar
+    /// reference runs [`Kernel::dot`] per row.
+    ///
+    /// Panics when the activation kind does not match `ty`, `out` is empty or the lengths
+    /// disagree.
+    #[inline]
+    pub fn dot_rows(self, ty: QuantType, w: &[u8], a: ActRow<'_>, out: &mut [f32]) {
+        match a {
+            ActRow::Q8(a) => self.rows32(ty, w, a, out),
+            ActRow::Q8x2(a) => self.rows32(ty, w, a, out),
+            ActRow::Q8K(a) => self.rows256(ty, w, a, out),
+            ActRow::Q8Kx2(a) => self.rows256(ty, w, a, out),
+        }
+    }
+
+    #[inline]
+    fn rows32<A: Act32>(self, ty: QuantType, w: &[u8], a: &[A], out: &mut [f32]) {
+        let nb = units_of_rows(a.len(), out.len());
+        match (self.isa, ty) {
+            (Isa::Scalar, _) => {
+                for (o, r) in out.iter_mut().zip(a.chunks_exact(nb)) {
+                    *o = self.dot32(ty, w, r);
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            (isa, QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q4_1) => {
+                x86_rows32(isa, ty, w, a, nb, out)
+            }
+            (_, ty) => panic!("Kernel::dot_rows: wrong activation kind for {ty}"),
+        }
+    }
+
+    #[inline]
+    fn rows256<A: Act256>(self, ty: QuantType, w: &[u8], a: &[A], out: &mut [f32]) {
+        let nb = units_of_rows(a.len(), out.len());
+        match (self.isa, ty) {
+            (Isa::Scalar, _) => {
+                for (o, r) in out.iter_mut().zip(a.chunks_exact(nb)) {
+                    *o = self.dot256(ty, w, r);
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            (isa, QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K) => {
+                x86_rows256(isa, ty, w, a, nb, out)
+            }
+            (_, ty) => panic!("Kernel::dot_rows: wrong activation kind for {ty}"),
         }
     }
 
@@ -523,6 +607,15 @@ impl Kernel {
     }
 }
 
+/// Units per activation row when `units` hold `rows` rows back to back.
+fn units_of_rows(units: usize, rows: usize) -> usize {
+    assert!(
+        rows > 0 && units.is_multiple_of(rows),
+        "Kernel::dot_rows: {units} activation units are not {rows} rows"
+    );
+    units / rows
+}
+
 /// Runs `$body!(module)` with the x86 kernel module of `$isa`.
 #[cfg(target_arch = "x86_64")]
 macro_rules! with_x86_module {
@@ -537,7 +630,7 @@ macro_rules! with_x86_module {
     };
 }
 
-// SAFETY (every `unsafe` call in the four functions below): `isa` comes from a `Kernel`, which
+// SAFETY (every `unsafe` call in the six functions below): `isa` comes from a `Kernel`, which
 // only exists for supported instruction sets, so the target features of the called function
 // are present. The callers only pass the weight types of the activation kind.
 
@@ -586,6 +679,26 @@ fn x86_isums256<A: Act256>(isa: Isa, ty: QuantType, w: &[u8], a: &[A]) -> Vec<(i
     macro_rules! call {
         ($m:ident) => {
             unsafe { x86::$m::isums256(ty, w, a) }
+        };
+    }
+    with_x86_module!(isa, call)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn x86_rows32<A: Act32>(isa: Isa, ty: QuantType, w: &[u8], a: &[A], nb: usize, out: &mut [f32]) {
+    macro_rules! call {
+        ($m:ident) => {
+            unsafe { x86::$m::dot_rows32(ty, w, a, nb, out) }
+        };
+    }
+    with_x86_module!(isa, call)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn x86_rows256<A: Act256>(isa: Isa, ty: QuantType, w: &[u8], a: &[A], nb: usize, out: &mut [f32]) {
+    macro_rules! call {
+        ($m:ident) => {
+            unsafe { x86::$m::dot_rows256(ty, w, a, nb, out) }
         };
     }
     with_x86_module!(isa, call)
