@@ -586,7 +586,14 @@ macro_rules! kquants {
             for (o, rows) in out.chunks_mut(TILE).zip(a.chunks(TILE * nb)) {
                 let r = |i: usize| &rows[i * nb..(i + 1) * nb];
                 match o.len() {
-                    1 => o.copy_from_slice(&dot256::<A, TY, 1>(w, &[r(0)])),
+                    // The one-row kernels (see `rows32`).
+                    1 => {
+                        o[0] = match TY {
+                            Q4_K => dot_q45_k::<false, A>(w, r(0)),
+                            Q5_K => dot_q45_k::<true, A>(w, r(0)),
+                            _ => dot_q6_k(w, r(0)),
+                        }
+                    }
                     2 => o.copy_from_slice(&dot256::<A, TY, 2>(w, &[r(0), r(1)])),
                     3 => o.copy_from_slice(&dot256::<A, TY, 3>(w, &[r(0), r(1), r(2)])),
                     _ => o.copy_from_slice(&dot256::<A, TY, 4>(w, &[r(0), r(1), r(2), r(3)])),
@@ -789,6 +796,99 @@ macro_rules! kernels {
                 (lanes, _mm_mul_ps(w.sc, ds))
             }
 
+            /// One weight pair · one activation pair ([`wpair`] then [`apair`]).
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn pair<A: Act32, const TY: u8>(b: &[u8], a: &A) -> (__m256i, __m128) {
+                apair::<A, TY>(&wpair::<TY>(b), a)
+            }
+
+            /// The one-row walk of [`for_pairs`] (N = 1), kept as its own loop over zipped
+            /// chunks: the N-row loop's per-pair indexing and stack-held accumulators cost the
+            /// one-row kernel 10–15% at 576 columns (9 pairs per row), where per-row overhead
+            /// shows. `f(k, lanes, products)` for pair k, in the order of k (the order
+            /// [`for_pairs`] gives each row; the tests check the bits agree).
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn for_pairs1<A: Act32, const TY: u8>(
+                w: &[u8],
+                a: &[A],
+                mut f: impl FnMut(usize, __m256i, __m128),
+            ) {
+                let ts = ts32(TY);
+                let nb = w.len() / ts;
+                assert!(w.len() == nb * ts && a.len() == nb.div_ceil(2));
+                let mut k = 0;
+                for (wb, ab) in w.chunks_exact(4 * ts).zip(a.chunks_exact(2)) {
+                    let (p, q) = pair::<A, TY>(&wb[..2 * ts], &ab[0]);
+                    f(k, p, q);
+                    let (p, q) = pair::<A, TY>(&wb[2 * ts..], &ab[1]);
+                    f(k + 1, p, q);
+                    k += 2;
+                }
+                if nb / 2 % 2 == 1 {
+                    let (p, q) = pair::<A, TY>(&w[2 * k * ts..2 * (k + 1) * ts], &a[k]);
+                    f(k, p, q);
+                    k += 1;
+                }
+                if nb % 2 == 1 {
+                    let mut tmp = [0u8; 68];
+                    tmp[..ts].copy_from_slice(&w[w.len() - ts..]);
+                    let (p, q) = pair::<A, TY>(&tmp[..2 * ts], &a[k]);
+                    f(k, p, q);
+                }
+            }
+
+            /// One weight row · one activation row: `(Σ scale·S, Σ products)` with two FMA
+            /// chains (pairs k even / odd), the per-row operations of [`row32`].
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn row32_1<A: Act32, const TY: u8>(w: &[u8], a: &[A]) -> (f32, __m128) {
+                let mut acc = [_mm256_setzero_ps(); 2];
+                let mut prods = [_mm_setzero_ps(); 2];
+                for_pairs1::<A, TY>(w, a, |k, p, q| {
+                    let u = k % 2;
+                    acc[u] = _mm256_fmadd_ps(spread_pair(q), _mm256_cvtepi32_ps(p), acc[u]);
+                    if TY != Q8_0 {
+                        prods[u] = _mm_add_ps(prods[u], q);
+                    }
+                });
+                (
+                    hsum_ps(_mm256_add_ps(acc[0], acc[1])),
+                    _mm_add_ps(prods[0], prods[1]),
+                )
+            }
+
+            /// [`row32_1`] finished per type (see [`dot32`]).
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn dot32_1<A: Act32, const TY: u8>(w: &[u8], a: &[A]) -> f32 {
+                let (s, q) = row32_1::<A, TY>(w, a);
+                match TY {
+                    Q8_0 => s,
+                    Q4_0 => s - 8.0 * odd_lanes(q),
+                    _ => s + odd_lanes(q),
+                }
+            }
+
+            /// Pair k (weight bytes `wb`) of N activation rows: `f(k, n, lanes, products)`.
+            /// A function with an inline hint, not a closure: LLVM left the closure out of
+            /// line at the odd-pair tail, which cost 10–15% per one-row call at 576 columns.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn pair_rows<A: Act32, const TY: u8, const N: usize>(
+                k: usize,
+                wb: &[u8],
+                a: &[&[A]; N],
+                f: &mut impl FnMut(usize, usize, __m256i, __m128),
+            ) {
+                let wp = wpair::<TY>(wb);
+                for (n, row) in a.iter().enumerate() {
+                    let (p, q) = apair::<A, TY>(&wp, &row[k]);
+                    f(k, n, p, q);
+                }
+            }
+
             /// Runs the pair kernel over a weight row (`ts`-byte blocks; an odd last block
             /// against a zero block) and `N` activation rows, calling `f(k, n, lanes,
             /// products)` for pair k of activation row n: each weight pair is unpacked once
@@ -806,13 +906,7 @@ macro_rules! kernels {
                 for row in a {
                     assert!(row.len() == nb.div_ceil(2));
                 }
-                let mut one = |k: usize, wb: &[u8]| {
-                    let wp = wpair::<TY>(wb);
-                    for (n, row) in a.iter().enumerate() {
-                        let (p, q) = apair::<A, TY>(&wp, &row[k]);
-                        f(k, n, p, q);
-                    }
-                };
+                let mut one = |k: usize, wb: &[u8]| pair_rows::<A, TY, N>(k, wb, a, &mut f);
                 // Two pairs per step, so that `k % 2` in `f` is a constant after unrolling.
                 let mut k = 0;
                 for wb in w.chunks_exact(4 * ts) {
@@ -878,7 +972,14 @@ macro_rules! kernels {
                 for (o, rows) in out.chunks_mut(TILE).zip(a.chunks(TILE * nb)) {
                     let r = |i: usize| &rows[i * nb..(i + 1) * nb];
                     match o.len() {
-                        1 => o.copy_from_slice(&dot32::<A, TY, 1>(w, &[r(0)])),
+                        // A single row: the one-row kernels.
+                        1 => {
+                            o[0] = match TY {
+                                Q8_0 => dot_q8_0(w, r(0)),
+                                Q4_0 => dot_q4_0(w, r(0)),
+                                _ => dot_q4_1(w, r(0)),
+                            }
+                        }
                         2 => o.copy_from_slice(&dot32::<A, TY, 2>(w, &[r(0), r(1)])),
                         3 => o.copy_from_slice(&dot32::<A, TY, 3>(w, &[r(0), r(1), r(2)])),
                         _ => o.copy_from_slice(&dot32::<A, TY, 4>(w, &[r(0), r(1), r(2), r(3)])),
@@ -921,7 +1022,7 @@ macro_rules! kernels {
             /// The CPU must have this module's target features (checked by [`crate::quant::Kernel`]).
             #[target_feature(enable = $feat)]
             pub fn dot_q8_0<A: Act32>(w: &[u8], a: &[A]) -> f32 {
-                dot32::<A, Q8_0, 1>(w, &[a])[0]
+                dot32_1::<A, Q8_0>(w, a)
             }
 
             /// Q4_0 row · activation row.
@@ -930,7 +1031,7 @@ macro_rules! kernels {
             /// The CPU must have this module's target features (checked by [`crate::quant::Kernel`]).
             #[target_feature(enable = $feat)]
             pub fn dot_q4_0<A: Act32>(w: &[u8], a: &[A]) -> f32 {
-                dot32::<A, Q4_0, 1>(w, &[a])[0]
+                dot32_1::<A, Q4_0>(w, a)
             }
 
             /// Q4_1 row · activation row.
@@ -939,7 +1040,7 @@ macro_rules! kernels {
             /// The CPU must have this module's target features (checked by [`crate::quant::Kernel`]).
             #[target_feature(enable = $feat)]
             pub fn dot_q4_1<A: Act32>(w: &[u8], a: &[A]) -> f32 {
-                dot32::<A, Q4_1, 1>(w, &[a])[0]
+                dot32_1::<A, Q4_1>(w, a)
             }
 
             /// Per-block integer sums S of a Q8_0/Q4_0/Q4_1 row (planes combined), exactly as
@@ -961,9 +1062,9 @@ macro_rules! kernels {
                     out.extend([sa as i64, sb as i64]);
                 };
                 match ty {
-                    QuantType::Q8_0 => for_pairs::<A, Q8_0, 1>(w, &[a], |k, _, p, _| push(k, p)),
-                    QuantType::Q4_0 => for_pairs::<A, Q4_0, 1>(w, &[a], |k, _, p, _| push(k, p)),
-                    QuantType::Q4_1 => for_pairs::<A, Q4_1, 1>(w, &[a], |k, _, p, _| push(k, p)),
+                    QuantType::Q8_0 => for_pairs1::<A, Q8_0>(w, a, |k, p, _| push(k, p)),
+                    QuantType::Q4_0 => for_pairs1::<A, Q4_0>(w, a, |k, p, _| push(k, p)),
+                    QuantType::Q4_1 => for_pairs1::<A, Q4_1>(w, a, |k, p, _| push(k, p)),
                     _ => panic!("isums32: {ty} is not a 32-block type"),
                 }
                 out.truncate(w.len() / ty.type_size());
