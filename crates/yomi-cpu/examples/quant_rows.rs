@@ -3,7 +3,8 @@
 //! activation row on its own, as before multi-row tiling) against the tiled path (the default,
 //! see `yomi_cpu::quant::Kernel::dot_rows`), on 1 and 2 rayon threads.
 //!
-//! `cargo run --release -p yomi-cpu --example quant_rows [-- ROUNDS]`
+//! `cargo run --release -p yomi-cpu --example quant_rows [-- ROUNDS [TYPE]]` (TYPE, e.g. `Q4_1`,
+//! keeps only that weight type's cases)
 //!
 //! Shapes: SmolLM2-135M (hidden 576, FFN 1536: gate/up are [1536, 576], down [576, 1536]) in
 //! Q4_1 and Q8_0, and a 4096×4096 Q4_K projection. Activations at the process precision
@@ -83,6 +84,7 @@ fn main() {
         .map(|a| a.parse().expect("ROUNDS: a positive integer"))
         .unwrap_or(7)
         .max(1);
+    let only = std::env::args().nth(2);
     let kernel = Kernel::best();
     println!(
         "quant_rows: kernels {:?}, activations {}, min of {rounds} rounds; µs per call, \
@@ -102,6 +104,9 @@ fn main() {
         "type", "rows×cols", "thr", "T", "per-row µs", "ratio", "tiled µs", "ratio", "speedup"
     );
     for (ty, rows, cols) in cases {
+        if only.as_deref().is_some_and(|o| o != ty.name()) {
+            continue;
+        }
         let q = QuantData::quantize(ty, rows, cols, &lcg(1, rows * cols));
         let tmax = *TS.last().expect("T values");
         let x = lcg(2, tmax * cols);
