@@ -388,7 +388,7 @@ pub enum ActRow<'a> {
 pub struct Kernel {
     isa: Isa,
     precision: Precision,
-    /// Whether [`linear_quant_with`] runs T > 1 rows through [`Kernel::dot_rows`] (tiles of
+    /// Whether [`linear_quant_with`] runs T > 1 rows through [`Kernel::dot_block`] (tiles of
     /// activation rows sharing each unpacked weight block) or, as before it existed, one
     /// [`Kernel::dot`] per (weight row, activation row). Both give the same bits.
     row_tiling: bool,
@@ -424,7 +424,7 @@ impl Kernel {
         Kernel { row_tiling, ..self }
     }
 
-    /// Whether T > 1 rows go through [`Kernel::dot_rows`] tiles (default on;
+    /// Whether T > 1 rows go through [`Kernel::dot_block`] tiles (default on;
     /// `YOMI_QUANT_ROWS=per-row` turns it off for [`Kernel::best`] and [`Kernel::new`]).
     pub fn row_tiling(self) -> bool {
         self.row_tiling
@@ -479,53 +479,93 @@ impl Kernel {
 
     /// Dot products of one weight row with `out.len()` activation rows held back to back in `a`
     /// (each `a.len() / out.len()` units long): `out[i]` is **bitwise** [`Kernel::dot`] of row
-    /// i, whatever the number of rows (what lossless speculative decoding relies on). The SIMD
-    /// kernels unpack each weight block once for a tile of rows (see [`x86`]); the scalar
-    /// reference runs [`Kernel::dot`] per row.
+    /// i, whatever the number of rows (what lossless speculative decoding relies on). One
+    /// weight row of [`Kernel::dot_block`].
     ///
     /// Panics when the activation kind does not match `ty`, `out` is empty or the lengths
     /// disagree.
-    #[inline]
     pub fn dot_rows(self, ty: QuantType, w: &[u8], a: ActRow<'_>, out: &mut [f32]) {
+        let n = out.len();
+        self.dot_block(ty, w, 1, a, n, out, n)
+    }
+
+    /// All dot products of `m` weight rows (`w`, back to back) with `n` activation rows (`a`,
+    /// back to back): `out[k·stride + i]` = [`Kernel::dot`] of weight row k and activation row
+    /// i, **bitwise**, whatever `m`, `n` and whichever rows share the call. The SIMD kernels
+    /// walk the activation rows in register tiles (see [`x86`]) that unpack each weight block
+    /// once for the tile, with the weight-row loop inside one call; the scalar reference runs
+    /// [`Kernel::dot`] per pair.
+    ///
+    /// Panics when the activation kind does not match `ty`, `m` or `n` is 0, `stride < n`, or
+    /// the lengths disagree.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dot_block(
+        self,
+        ty: QuantType,
+        w: &[u8],
+        m: usize,
+        a: ActRow<'_>,
+        n: usize,
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        assert!(
+            m > 0 && w.len().is_multiple_of(m),
+            "Kernel::dot_block: {m} weight rows"
+        );
+        let row_bytes = w.len() / m;
+        let blocks = row_bytes / ty.type_size();
+        let out_len = out.len();
+        let shape = |units: usize, per_row: usize| {
+            let s = BlockShape {
+                m,
+                row_bytes,
+                n,
+                nb: per_row,
+                stride,
+            };
+            s.check(w.len(), units, out_len);
+            s
+        };
         match a {
-            ActRow::Q8(a) => self.rows32(ty, w, a, out),
-            ActRow::Q8x2(a) => self.rows32(ty, w, a, out),
-            ActRow::Q8K(a) => self.rows256(ty, w, a, out),
-            ActRow::Q8Kx2(a) => self.rows256(ty, w, a, out),
+            ActRow::Q8(a) => self.block32(ty, w, a, shape(a.len(), blocks.div_ceil(2)), out),
+            ActRow::Q8x2(a) => self.block32(ty, w, a, shape(a.len(), blocks.div_ceil(2)), out),
+            ActRow::Q8K(a) => self.block256(ty, w, a, shape(a.len(), blocks), out),
+            ActRow::Q8Kx2(a) => self.block256(ty, w, a, shape(a.len(), blocks), out),
         }
     }
 
-    #[inline]
-    fn rows32<A: Act32>(self, ty: QuantType, w: &[u8], a: &[A], out: &mut [f32]) {
-        let nb = units_of_rows(a.len(), out.len());
+    fn block32<A: Act32>(self, ty: QuantType, w: &[u8], a: &[A], s: BlockShape, out: &mut [f32]) {
         match (self.isa, ty) {
             (Isa::Scalar, _) => {
-                for (o, r) in out.iter_mut().zip(a.chunks_exact(nb)) {
-                    *o = self.dot32(ty, w, r);
+                for (k, wr) in w.chunks_exact(s.row_bytes).enumerate() {
+                    for (i, ar) in a.chunks_exact(s.nb).enumerate() {
+                        out[k * s.stride + i] = self.dot32(ty, wr, ar);
+                    }
                 }
             }
             #[cfg(target_arch = "x86_64")]
             (isa, QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q4_1) => {
-                x86_rows32(isa, ty, w, a, nb, out)
+                x86_block32(isa, ty, w, a, s, out)
             }
-            (_, ty) => panic!("Kernel::dot_rows: wrong activation kind for {ty}"),
+            (_, ty) => panic!("Kernel::dot_block: wrong activation kind for {ty}"),
         }
     }
 
-    #[inline]
-    fn rows256<A: Act256>(self, ty: QuantType, w: &[u8], a: &[A], out: &mut [f32]) {
-        let nb = units_of_rows(a.len(), out.len());
+    fn block256<A: Act256>(self, ty: QuantType, w: &[u8], a: &[A], s: BlockShape, out: &mut [f32]) {
         match (self.isa, ty) {
             (Isa::Scalar, _) => {
-                for (o, r) in out.iter_mut().zip(a.chunks_exact(nb)) {
-                    *o = self.dot256(ty, w, r);
+                for (k, wr) in w.chunks_exact(s.row_bytes).enumerate() {
+                    for (i, ar) in a.chunks_exact(s.nb).enumerate() {
+                        out[k * s.stride + i] = self.dot256(ty, wr, ar);
+                    }
                 }
             }
             #[cfg(target_arch = "x86_64")]
             (isa, QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K) => {
-                x86_rows256(isa, ty, w, a, nb, out)
+                x86_block256(isa, ty, w, a, s, out)
             }
-            (_, ty) => panic!("Kernel::dot_rows: wrong activation kind for {ty}"),
+            (_, ty) => panic!("Kernel::dot_block: wrong activation kind for {ty}"),
         }
     }
 
@@ -607,13 +647,35 @@ impl Kernel {
     }
 }
 
-/// Units per activation row when `units` hold `rows` rows back to back.
-fn units_of_rows(units: usize, rows: usize) -> usize {
-    assert!(
-        rows > 0 && units.is_multiple_of(rows),
-        "Kernel::dot_rows: {units} activation units are not {rows} rows"
-    );
-    units / rows
+/// The geometry of a [`Kernel::dot_block`] call, checked once per call ([`BlockShape::check`])
+/// so the kernels can slice without re-deriving it.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockShape {
+    /// Weight rows, and bytes per weight row.
+    pub m: usize,
+    pub row_bytes: usize,
+    /// Activation rows, and activation units per row.
+    pub n: usize,
+    pub nb: usize,
+    /// Output row stride: `out[k·stride + i]` for weight row k, activation row i.
+    pub stride: usize,
+}
+
+impl BlockShape {
+    /// Panics unless `w_len`, `a_len` and `out_len` fit the shape (`out` may be longer).
+    #[inline]
+    pub fn check(&self, w_len: usize, a_len: usize, out_len: usize) {
+        assert!(
+            self.m > 0
+                && self.n > 0
+                && self.stride >= self.n
+                && w_len == self.m * self.row_bytes
+                && a_len == self.n * self.nb
+                && out_len >= (self.m - 1) * self.stride + self.n,
+            "Kernel::dot_block: lengths do not fit {self:?} (weights {w_len} B, {a_len} \
+             activation units, {out_len} outputs)"
+        );
+    }
 }
 
 /// Runs `$body!(module)` with the x86 kernel module of `$isa`.
@@ -685,20 +747,34 @@ fn x86_isums256<A: Act256>(isa: Isa, ty: QuantType, w: &[u8], a: &[A]) -> Vec<(i
 }
 
 #[cfg(target_arch = "x86_64")]
-fn x86_rows32<A: Act32>(isa: Isa, ty: QuantType, w: &[u8], a: &[A], nb: usize, out: &mut [f32]) {
+fn x86_block32<A: Act32>(
+    isa: Isa,
+    ty: QuantType,
+    w: &[u8],
+    a: &[A],
+    s: BlockShape,
+    out: &mut [f32],
+) {
     macro_rules! call {
         ($m:ident) => {
-            unsafe { x86::$m::dot_rows32(ty, w, a, nb, out) }
+            unsafe { x86::$m::dot_block32(ty, w, a, s, out) }
         };
     }
     with_x86_module!(isa, call)
 }
 
 #[cfg(target_arch = "x86_64")]
-fn x86_rows256<A: Act256>(isa: Isa, ty: QuantType, w: &[u8], a: &[A], nb: usize, out: &mut [f32]) {
+fn x86_block256<A: Act256>(
+    isa: Isa,
+    ty: QuantType,
+    w: &[u8],
+    a: &[A],
+    s: BlockShape,
+    out: &mut [f32],
+) {
     macro_rules! call {
         ($m:ident) => {
-            unsafe { x86::$m::dot_rows256(ty, w, a, nb, out) }
+            unsafe { x86::$m::dot_block256(ty, w, a, s, out) }
         };
     }
     with_x86_module!(isa, call)

@@ -868,20 +868,22 @@ fn rows_bitwise_avx2() {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
-    /// `Kernel::dot_rows` on n rows of random bytes (all quant / scale bit patterns) and
-    /// activations (optionally all ±1: the largest integers) is bitwise `Kernel::dot` per row,
-    /// on every kernel set of this CPU.
+    /// `Kernel::dot_block` of m weight rows of random bytes (all quant / scale bit patterns)
+    /// with n activation rows (optionally all ±1: the largest integers), into a strided
+    /// output, is bitwise `Kernel::dot` per (weight row, activation row) and leaves the gaps
+    /// alone, on every kernel set of this CPU; `dot_rows` is its one-weight-row case.
     #[test]
-    fn dot_rows_bitwise_prop(
+    fn dot_block_bitwise_prop(
         ty_i in 0usize..6,
         seed in any::<u64>(),
         nb in 1usize..6,
+        m in 1usize..4,
         n in 1usize..11,
         big in any::<bool>(),
     ) {
         let ty = QuantType::ALL[ty_i];
         let mut rng = Rng(seed);
-        let w = random_blocks(ty, nb, &mut rng);
+        let w = random_blocks(ty, m * nb, &mut rng);
         let cols = nb * ty.block_size();
         let mut x = random_acts(n * cols, &mut rng);
         if big {
@@ -892,22 +894,38 @@ proptest! {
         for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
             for p in Precision::ALL {
                 let k = kernel(isa, p);
-                fn go<A: ActBlock>(k: Kernel, ty: QuantType, w: &[u8], x: &[f32], cols: usize) -> (Vec<u32>, Vec<u32>) {
+                fn go<A: ActBlock>(
+                    k: Kernel,
+                    ty: QuantType,
+                    (w, m): (&[u8], usize),
+                    x: &[f32],
+                    cols: usize,
+                ) -> (Vec<u32>, Vec<u32>, Vec<u32>, Vec<u32>) {
                     let mut all: Vec<A> = Vec::new();
                     quantize_rows(x, cols, &mut all);
-                    let per = all.len() / (x.len() / cols);
-                    let mut got = vec![0.0; x.len() / cols];
-                    k.dot_rows(ty, w, A::row(&all), &mut got);
-                    let want: Vec<f32> = all.chunks(per).map(|r| k.dot(ty, w, A::row(r))).collect();
-                    (bits(&got), bits(&want))
+                    let n = x.len() / cols;
+                    let per = all.len() / n;
+                    let stride = n + 2;
+                    let mut got = vec![-7.0f32; m * stride];
+                    k.dot_block(ty, w, m, A::row(&all), n, &mut got, stride);
+                    let mut want = vec![-7.0f32; m * stride];
+                    for (r, wr) in w.chunks(w.len() / m).enumerate() {
+                        for (i, ar) in all.chunks(per).enumerate() {
+                            want[r * stride + i] = k.dot(ty, wr, A::row(ar));
+                        }
+                    }
+                    let mut one = vec![0.0f32; n];
+                    k.dot_rows(ty, &w[..w.len() / m], A::row(&all), &mut one);
+                    (bits(&got), bits(&want), bits(&one), bits(&want[..n]))
                 }
-                let (got, want) = match (ty.uses_q8k(), p) {
-                    (false, Precision::Int8) => go::<PairQ8>(k, ty, &w, &x, cols),
-                    (false, Precision::Int8x2) => go::<PairQ8x2>(k, ty, &w, &x, cols),
-                    (true, Precision::Int8) => go::<BlockQ8K>(k, ty, &w, &x, cols),
-                    (true, Precision::Int8x2) => go::<BlockQ8Kx2>(k, ty, &w, &x, cols),
+                let (got, want, one, want0) = match (ty.uses_q8k(), p) {
+                    (false, Precision::Int8) => go::<PairQ8>(k, ty, (&w, m), &x, cols),
+                    (false, Precision::Int8x2) => go::<PairQ8x2>(k, ty, (&w, m), &x, cols),
+                    (true, Precision::Int8) => go::<BlockQ8K>(k, ty, (&w, m), &x, cols),
+                    (true, Precision::Int8x2) => go::<BlockQ8Kx2>(k, ty, (&w, m), &x, cols),
                 };
-                prop_assert_eq!(got, want, "{} {} {:?} nb {} n {}", ty, p, isa, nb, n);
+                prop_assert_eq!(got, want, "{} {} {:?} nb {} m {} n {}", ty, p, isa, nb, m, n);
+                prop_assert_eq!(one, want0, "dot_rows {} {} {:?} nb {} n {}", ty, p, isa, nb, n);
             }
         }
     }

@@ -46,8 +46,9 @@
 //! its low nibbles and 2k+1 in its high nibbles; Q5_K's 5th bit of sub-block s is bit s of
 //! `qh[l]`; Q6_K's high bits are pairs of `qh[l]` (bits 0-1, 2-3, 4-5, 6-7 for the four groups).
 //!
-//! Multi-row tiles (`dot_rows32`, `dot_rows256`, behind [`super::Kernel::dot_rows`]): one weight
-//! row against a tile of N ≤ `TILE` activation rows (4 with 32 vector registers, 2 with 16).
+//! Multi-row tiles (`dot_block32`, `dot_block256`, behind [`super::Kernel::dot_block`]): one
+//! weight row against a tile of N ≤ `TILE` activation rows (4 with 32 vector registers, 2 with
+//! 16), for every weight row of the call in turn.
 //! Each weight block (pair) is loaded, unpacked (nibbles, Q5_K's fifth bit, Q6_K's high bits,
 //! Q8_0's `^ 0x80` / `abs`) and its scales converted once, then fed to the N rows; every row
 //! keeps its own accumulators and runs exactly the instruction sequence of the one-row kernel
@@ -80,9 +81,9 @@
 
 use std::arch::x86_64::*;
 
-use super::QuantType;
 use super::act::{Act32, Act256, X2_RATIO};
 use super::formats::k_scales;
+use super::{BlockShape, QuantType};
 
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -576,49 +577,55 @@ macro_rules! kquants {
             }
         }
 
-        /// `out[i] = dot(w, row i of a)` for a K-quant row (`a`: `out.len()` rows of `nb`
-        /// blocks back to back), in tiles of up to [`TILE`] activation rows that share each
-        /// unpacked weight chunk. Bitwise the single-row kernels' results.
+        /// `out[k·stride + i] = dot(weight row k, activation row i)` for K-quant rows: as
+        /// `block32` (activation tiles of up to [`TILE`] outside, weight rows inside, each
+        /// weight chunk unpacked once per tile). Bitwise the single-row kernels' results.
         #[target_feature(enable = $feat)]
         #[inline]
-        fn rows256<A: Act256, const TY: u8>(w: &[u8], a: &[A], nb: usize, out: &mut [f32]) {
-            assert_eq!(a.len(), out.len() * nb, "dot_rows256: row lengths");
-            for (o, rows) in out.chunks_mut(TILE).zip(a.chunks(TILE * nb)) {
+        fn block256<A: Act256, const TY: u8>(w: &[u8], a: &[A], s: BlockShape, out: &mut [f32]) {
+            s.check(w.len(), a.len(), out.len());
+            let nb = s.nb;
+            for (ti, rows) in a.chunks(TILE * nb).enumerate() {
                 let r = |i: usize| &rows[i * nb..(i + 1) * nb];
-                match o.len() {
-                    // The one-row kernels (see `rows32`).
-                    1 => {
-                        o[0] = match TY {
-                            Q4_K => dot_q45_k::<false, A>(w, r(0)),
-                            Q5_K => dot_q45_k::<true, A>(w, r(0)),
-                            _ => dot_q6_k(w, r(0)),
+                let i0 = ti * TILE;
+                let n = rows.len() / nb;
+                for (k, wr) in w.chunks_exact(s.row_bytes).enumerate() {
+                    let o = &mut out[k * s.stride + i0..k * s.stride + i0 + n];
+                    match n {
+                        // The one-row kernels (see `block32`).
+                        1 => {
+                            o[0] = match TY {
+                                Q4_K => dot_q45_k::<false, A>(wr, r(0)),
+                                Q5_K => dot_q45_k::<true, A>(wr, r(0)),
+                                _ => dot_q6_k(wr, r(0)),
+                            }
                         }
+                        2 => o.copy_from_slice(&dot256::<A, TY, 2>(wr, &[r(0), r(1)])),
+                        3 => o.copy_from_slice(&dot256::<A, TY, 3>(wr, &[r(0), r(1), r(2)])),
+                        _ => o.copy_from_slice(&dot256::<A, TY, 4>(wr, &[r(0), r(1), r(2), r(3)])),
                     }
-                    2 => o.copy_from_slice(&dot256::<A, TY, 2>(w, &[r(0), r(1)])),
-                    3 => o.copy_from_slice(&dot256::<A, TY, 3>(w, &[r(0), r(1), r(2)])),
-                    _ => o.copy_from_slice(&dot256::<A, TY, 4>(w, &[r(0), r(1), r(2), r(3)])),
                 }
             }
         }
 
-        /// One K-quant weight row · `out.len()` activation rows (`a`: rows of `nb` blocks back
-        /// to back), see `rows256`.
+        /// K-quant weight rows · activation rows, see `block256` and
+        /// [`crate::quant::Kernel::dot_block`].
         ///
         /// # Safety
         /// The CPU must have this module's target features (checked by [`crate::quant::Kernel`]).
         #[target_feature(enable = $feat)]
-        pub fn dot_rows256<A: Act256>(
+        pub fn dot_block256<A: Act256>(
             ty: QuantType,
             w: &[u8],
             a: &[A],
-            nb: usize,
+            s: BlockShape,
             out: &mut [f32],
         ) {
             match ty {
-                QuantType::Q4_K => rows256::<A, Q4_K>(w, a, nb, out),
-                QuantType::Q5_K => rows256::<A, Q5_K>(w, a, nb, out),
-                QuantType::Q6_K => rows256::<A, Q6_K>(w, a, nb, out),
-                _ => panic!("dot_rows256: {ty} is not a K-quant"),
+                QuantType::Q4_K => block256::<A, Q4_K>(w, a, s, out),
+                QuantType::Q5_K => block256::<A, Q5_K>(w, a, s, out),
+                QuantType::Q6_K => block256::<A, Q6_K>(w, a, s, out),
+                _ => panic!("dot_block256: {ty} is not a K-quant"),
             }
         }
 
@@ -962,49 +969,65 @@ macro_rules! kernels {
                 })
             }
 
-            /// `out[i] = dot(w, row i of a)` (`a`: `out.len()` rows of `nb` pairs back to back)
-            /// for a 32-block type, in tiles of up to [`TILE`] activation rows that share each
-            /// unpacked weight pair. Bitwise the single-row kernels' results.
+            /// `out[k·stride + i] = dot(weight row k, activation row i)` for the `s.m` weight
+            /// rows of `w` and the `s.n` activation rows of `a` (a 32-block type): activation
+            /// rows in tiles of up to [`TILE`] (outer loop: a tile stays in L1 while every
+            /// weight row passes over it), each weight row unpacked once per tile. Bitwise the
+            /// single-row kernels' results.
             #[target_feature(enable = $feat)]
             #[inline]
-            fn rows32<A: Act32, const TY: u8>(w: &[u8], a: &[A], nb: usize, out: &mut [f32]) {
-                assert_eq!(a.len(), out.len() * nb, "dot_rows32: row lengths");
-                for (o, rows) in out.chunks_mut(TILE).zip(a.chunks(TILE * nb)) {
+            fn block32<A: Act32, const TY: u8>(
+                w: &[u8],
+                a: &[A],
+                s: BlockShape,
+                out: &mut [f32],
+            ) {
+                s.check(w.len(), a.len(), out.len());
+                let nb = s.nb;
+                for (ti, rows) in a.chunks(TILE * nb).enumerate() {
                     let r = |i: usize| &rows[i * nb..(i + 1) * nb];
-                    match o.len() {
-                        // A single row: the one-row kernels.
-                        1 => {
-                            o[0] = match TY {
-                                Q8_0 => dot_q8_0(w, r(0)),
-                                Q4_0 => dot_q4_0(w, r(0)),
-                                _ => dot_q4_1(w, r(0)),
+                    let i0 = ti * TILE;
+                    let n = rows.len() / nb;
+                    for (k, wr) in w.chunks_exact(s.row_bytes).enumerate() {
+                        let o = &mut out[k * s.stride + i0..k * s.stride + i0 + n];
+                        match n {
+                            // A single row: the one-row kernels.
+                            1 => {
+                                o[0] = match TY {
+                                    Q8_0 => dot_q8_0(wr, r(0)),
+                                    Q4_0 => dot_q4_0(wr, r(0)),
+                                    _ => dot_q4_1(wr, r(0)),
+                                }
                             }
+                            2 => o.copy_from_slice(&dot32::<A, TY, 2>(wr, &[r(0), r(1)])),
+                            3 => o.copy_from_slice(&dot32::<A, TY, 3>(wr, &[r(0), r(1), r(2)])),
+                            _ => o.copy_from_slice(&dot32::<A, TY, 4>(
+                                wr,
+                                &[r(0), r(1), r(2), r(3)],
+                            )),
                         }
-                        2 => o.copy_from_slice(&dot32::<A, TY, 2>(w, &[r(0), r(1)])),
-                        3 => o.copy_from_slice(&dot32::<A, TY, 3>(w, &[r(0), r(1), r(2)])),
-                        _ => o.copy_from_slice(&dot32::<A, TY, 4>(w, &[r(0), r(1), r(2), r(3)])),
                     }
                 }
             }
 
-            /// One Q8_0/Q4_0/Q4_1 weight row · `out.len()` activation rows (`a`: rows of `nb`
-            /// pairs back to back), see `rows32`.
+            /// Q8_0/Q4_0/Q4_1 weight rows · activation rows, see `block32` and
+            /// [`crate::quant::Kernel::dot_block`].
             ///
             /// # Safety
             /// The CPU must have this module's target features (checked by [`crate::quant::Kernel`]).
             #[target_feature(enable = $feat)]
-            pub fn dot_rows32<A: Act32>(
+            pub fn dot_block32<A: Act32>(
                 ty: QuantType,
                 w: &[u8],
                 a: &[A],
-                nb: usize,
+                s: BlockShape,
                 out: &mut [f32],
             ) {
                 match ty {
-                    QuantType::Q8_0 => rows32::<A, Q8_0>(w, a, nb, out),
-                    QuantType::Q4_0 => rows32::<A, Q4_0>(w, a, nb, out),
-                    QuantType::Q4_1 => rows32::<A, Q4_1>(w, a, nb, out),
-                    _ => panic!("dot_rows32: {ty} is not a 32-block type"),
+                    QuantType::Q8_0 => block32::<A, Q8_0>(w, a, s, out),
+                    QuantType::Q4_0 => block32::<A, Q4_0>(w, a, s, out),
+                    QuantType::Q4_1 => block32::<A, Q4_1>(w, a, s, out),
+                    _ => panic!("dot_block32: {ty} is not a 32-block type"),
                 }
             }
 
@@ -1122,7 +1145,7 @@ kernels!(avx2, "avx2,fma,f16c", dp_avx2, false, 2, {
 // spilled less than a `vpdpwssd` build of the same loops (measured: the int8 Q5_K loop of that
 // build spilled 5 registers per block, the AVX2 one none).
 kernels!(avxvnni, "avx2,fma,f16c,avxvnni", dp_avxvnni, true, 2, {
-    pub use super::avx2::{dot_q6_k, dot_q45_k, dot_rows256, isums256};
+    pub use super::avx2::{dot_block256, dot_q6_k, dot_q45_k, isums256};
 });
 kernels!(
     avx512vnni,
