@@ -31,6 +31,13 @@
 //!
 //! The instruction set is chosen once per process ([`Isa::detect`]): AVX-512-VNNI, then
 //! AVX-VNNI, then AVX2 (+FMA, F16C), then portable scalar.
+//!
+//! T > 1 activation rows ([`Kernel::dot_block`], used by `linear_quant` for T > 1) give every
+//! (weight row, activation row) **bitwise** the result of the one-row [`Kernel::dot`], whatever
+//! T and whichever rows share the call: speculative decoding verifies T rows and must
+//! reproduce plain decoding exactly. The SIMD kernels share each unpacked weight block between a
+//! register tile of activation rows (see [`x86`]); `YOMI_QUANT_ROWS=per-row` or
+//! [`Kernel::with_row_tiling`] selects the untiled path (same bits, for measurements).
 
 pub mod act;
 pub mod formats;

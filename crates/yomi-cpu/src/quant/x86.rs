@@ -48,16 +48,26 @@
 //!
 //! Multi-row tiles (`dot_block32`, `dot_block256`, behind [`super::Kernel::dot_block`]): one
 //! weight row against a tile of N ≤ `TILE` activation rows (4 with 32 vector registers, 2 with
-//! 16), for every weight row of the call in turn.
-//! Each weight block (pair) is loaded, unpacked (nibbles, Q5_K's fifth bit, Q6_K's high bits,
-//! Q8_0's `^ 0x80` / `abs`) and its scales converted once, then fed to the N rows; every row
-//! keeps its own accumulators and runs exactly the instruction sequence of the one-row kernel
-//! (which *is* the N = 1 instance), so each (weight row, activation row) result is bitwise the
-//! same whatever N and whichever rows share the tile. What the tile saves is the weight-side
-//! work, about half of the one-row cost for the 32-blocks at int8×2 (~10 of ~21 vector
-//! instructions per block pair; the rest, 4 `dpbusd`, the plane shift, conversion, scale
-//! product and spread, FMA and min term, is per row) and more for the K-quants (scale
-//! unpacking and `k_scales`).
+//! 16), for every weight row of the call in turn. Each weight block (pair) is loaded, unpacked
+//! (nibbles, Q5_K's fifth bit, Q6_K's high bits, Q8_0's `^ 0x80` / `abs`) and its scales
+//! converted once, then fed to the N rows; every row keeps its own accumulators and runs the
+//! instruction sequence of the one-row kernel (for the K-quants the one-row kernel *is* the
+//! N = 1 instance; the 32-blocks keep a separate one-row loop, see `for_pairs1`, with the same
+//! per-row operations), so each (weight row, activation row) result is bitwise the same
+//! whatever N and whichever rows share the tile (the tests check it bit for bit).
+//!
+//! What a tile saves is only the weight-side work. At int8×2 a 32-block pair costs per
+//! activation row 4 `dpbusd`, the plane shift, a conversion, the scale product, an FMA and (Q4)
+//! the min-term add, all on the two vector ALU ports that also run `dpbusd`; the shared weight
+//! side (loads, nibble masks, f16 scales) is mostly elsewhere. So the tiled cost per extra row
+//! stays at ~0.7 of a one-row pass when compute-bound (measured at T = 256, 1 thread, L2-hot:
+//! 0.75 Q4_1, 0.65–0.7 Q8_0, 0.71 Q4_K 4096², `examples/quant_rows.rs`), against 1.0–1.2
+//! untiled. Dropping the scale spread
+//! (2 shuffle-port instructions per row and pair) measured no faster: the ALU ports bind. A
+//! tile of 8 for the K-quants measured 15% slower than 4 (74 KB of int8×2 activations no longer
+//! fit L1). Going further needs fewer per-row instructions, i.e. lanes that are weight rows
+//! (interleaved weight rows, as llama.cpp's repacked formats) so that the conversion, scale and
+//! FMA serve 8 weight rows at once.
 //!
 //! Cost notes (dev box Xeon, AVX-512-VNNI, 1536×1536 L2-resident matrix, 1 thread, ns per
 //! block, best of 12 rounds on a shared machine; "before" is the one-block-per-register int8
