@@ -31,6 +31,13 @@
 //!
 //! The instruction set is chosen once per process ([`Isa::detect`]): AVX-512-VNNI, then
 //! AVX-VNNI, then AVX2 (+FMA, F16C), then portable scalar.
+//!
+//! T > 1 activation rows ([`Kernel::dot_block`], used by `linear_quant` for T > 1) give every
+//! (weight row, activation row) **bitwise** the result of the one-row [`Kernel::dot`], whatever
+//! T and whichever rows share the call: speculative decoding verifies T rows and must
+//! reproduce plain decoding exactly. The SIMD kernels share each unpacked weight block between a
+//! register tile of activation rows (see [`x86`]); `YOMI_QUANT_ROWS=per-row` or
+//! [`Kernel::with_row_tiling`] selects the untiled path (same bits, for measurements).
 
 pub mod act;
 pub mod formats;
@@ -355,6 +362,20 @@ pub fn set_precision(p: Precision) {
     PRECISION.store(p as u8, Ordering::Relaxed);
 }
 
+/// `YOMI_QUANT_ROWS` (read once): `per-row` turns multi-row tiling off, anything else (or
+/// nothing) leaves it on.
+fn row_tiling_default() -> bool {
+    static ENV: OnceLock<bool> = OnceLock::new();
+    *ENV.get_or_init(|| match std::env::var("YOMI_QUANT_ROWS") {
+        Ok(v) if v.trim() == "per-row" => false,
+        Ok(v) if v.trim() != "tiled" => {
+            eprintln!("yomi: ignoring YOMI_QUANT_ROWS={v:?} (expected per-row or tiled); tiling");
+            true
+        }
+        _ => true,
+    })
+}
+
 /// One quantized activation row, of the kind the weight type and precision need.
 #[derive(Clone, Copy, Debug)]
 pub enum ActRow<'a> {
@@ -374,6 +395,10 @@ pub enum ActRow<'a> {
 pub struct Kernel {
     isa: Isa,
     precision: Precision,
+    /// Whether [`linear_quant_with`] runs T > 1 rows through [`Kernel::dot_block`] (tiles of
+    /// activation rows sharing each unpacked weight block) or, as before it existed, one
+    /// [`Kernel::dot`] per (weight row, activation row). Both give the same bits.
+    row_tiling: bool,
 }
 
 impl Kernel {
@@ -382,6 +407,7 @@ impl Kernel {
         isa.is_supported().then(|| Kernel {
             isa,
             precision: Precision::current(),
+            row_tiling: row_tiling_default(),
         })
     }
 
@@ -390,12 +416,25 @@ impl Kernel {
         Kernel {
             isa: Isa::detect(),
             precision: Precision::current(),
+            row_tiling: row_tiling_default(),
         }
     }
 
     /// The same kernels quantizing activations to `precision`.
     pub fn with_precision(self, precision: Precision) -> Kernel {
         Kernel { precision, ..self }
+    }
+
+    /// The same kernels with multi-row tiling on or off (see [`Kernel::row_tiling`]; off is
+    /// the per-row path, kept to measure the tiling against).
+    pub fn with_row_tiling(self, row_tiling: bool) -> Kernel {
+        Kernel { row_tiling, ..self }
+    }
+
+    /// Whether T > 1 rows go through [`Kernel::dot_block`] tiles (default on;
+    /// `YOMI_QUANT_ROWS=per-row` turns it off for [`Kernel::best`] and [`Kernel::new`]).
+    pub fn row_tiling(self) -> bool {
+        self.row_tiling
     }
 
     pub fn isa(self) -> Isa {
@@ -442,6 +481,98 @@ impl Kernel {
             #[cfg(target_arch = "x86_64")]
             (isa, T::Q4_K | T::Q5_K | T::Q6_K) => x86_dot256(isa, ty, w, a),
             (_, ty) => panic!("Kernel::dot: wrong activation kind for {ty}"),
+        }
+    }
+
+    /// Dot products of one weight row with `out.len()` activation rows held back to back in `a`
+    /// (each `a.len() / out.len()` units long): `out[i]` is **bitwise** [`Kernel::dot`] of row
+    /// i, whatever the number of rows (what lossless speculative decoding relies on). One
+    /// weight row of [`Kernel::dot_block`].
+    ///
+    /// Panics when the activation kind does not match `ty`, `out` is empty or the lengths
+    /// disagree.
+    pub fn dot_rows(self, ty: QuantType, w: &[u8], a: ActRow<'_>, out: &mut [f32]) {
+        let n = out.len();
+        self.dot_block(ty, w, 1, a, n, out, n)
+    }
+
+    /// All dot products of `m` weight rows (`w`, back to back) with `n` activation rows (`a`,
+    /// back to back): `out[k·stride + i]` = [`Kernel::dot`] of weight row k and activation row
+    /// i, **bitwise**, whatever `m`, `n` and whichever rows share the call. The SIMD kernels
+    /// walk the activation rows in register tiles (see [`x86`]) that unpack each weight block
+    /// once for the tile, with the weight-row loop inside one call; the scalar reference runs
+    /// [`Kernel::dot`] per pair.
+    ///
+    /// Panics when the activation kind does not match `ty`, `m` or `n` is 0, `stride < n`, or
+    /// the lengths disagree.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dot_block(
+        self,
+        ty: QuantType,
+        w: &[u8],
+        m: usize,
+        a: ActRow<'_>,
+        n: usize,
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        assert!(
+            m > 0 && w.len().is_multiple_of(m),
+            "Kernel::dot_block: {m} weight rows"
+        );
+        let row_bytes = w.len() / m;
+        let blocks = row_bytes / ty.type_size();
+        let out_len = out.len();
+        let shape = |units: usize, per_row: usize| {
+            let s = BlockShape {
+                m,
+                row_bytes,
+                n,
+                nb: per_row,
+                stride,
+            };
+            s.check(w.len(), units, out_len);
+            s
+        };
+        match a {
+            ActRow::Q8(a) => self.block32(ty, w, a, shape(a.len(), blocks.div_ceil(2)), out),
+            ActRow::Q8x2(a) => self.block32(ty, w, a, shape(a.len(), blocks.div_ceil(2)), out),
+            ActRow::Q8K(a) => self.block256(ty, w, a, shape(a.len(), blocks), out),
+            ActRow::Q8Kx2(a) => self.block256(ty, w, a, shape(a.len(), blocks), out),
+        }
+    }
+
+    fn block32<A: Act32>(self, ty: QuantType, w: &[u8], a: &[A], s: BlockShape, out: &mut [f32]) {
+        match (self.isa, ty) {
+            (Isa::Scalar, _) => {
+                for (k, wr) in w.chunks_exact(s.row_bytes).enumerate() {
+                    for (i, ar) in a.chunks_exact(s.nb).enumerate() {
+                        out[k * s.stride + i] = self.dot32(ty, wr, ar);
+                    }
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            (isa, QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q4_1) => {
+                x86_block32(isa, ty, w, a, s, out)
+            }
+            (_, ty) => panic!("Kernel::dot_block: wrong activation kind for {ty}"),
+        }
+    }
+
+    fn block256<A: Act256>(self, ty: QuantType, w: &[u8], a: &[A], s: BlockShape, out: &mut [f32]) {
+        match (self.isa, ty) {
+            (Isa::Scalar, _) => {
+                for (k, wr) in w.chunks_exact(s.row_bytes).enumerate() {
+                    for (i, ar) in a.chunks_exact(s.nb).enumerate() {
+                        out[k * s.stride + i] = self.dot256(ty, wr, ar);
+                    }
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            (isa, QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K) => {
+                x86_block256(isa, ty, w, a, s, out)
+            }
+            (_, ty) => panic!("Kernel::dot_block: wrong activation kind for {ty}"),
         }
     }
 
@@ -523,6 +654,37 @@ impl Kernel {
     }
 }
 
+/// The geometry of a [`Kernel::dot_block`] call, checked once per call ([`BlockShape::check`])
+/// so the kernels can slice without re-deriving it.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockShape {
+    /// Weight rows, and bytes per weight row.
+    pub m: usize,
+    pub row_bytes: usize,
+    /// Activation rows, and activation units per row.
+    pub n: usize,
+    pub nb: usize,
+    /// Output row stride: `out[k·stride + i]` for weight row k, activation row i.
+    pub stride: usize,
+}
+
+impl BlockShape {
+    /// Panics unless `w_len`, `a_len` and `out_len` fit the shape (`out` may be longer).
+    #[inline]
+    pub fn check(&self, w_len: usize, a_len: usize, out_len: usize) {
+        assert!(
+            self.m > 0
+                && self.n > 0
+                && self.stride >= self.n
+                && w_len == self.m * self.row_bytes
+                && a_len == self.n * self.nb
+                && out_len >= (self.m - 1) * self.stride + self.n,
+            "Kernel::dot_block: lengths do not fit {self:?} (weights {w_len} B, {a_len} \
+             activation units, {out_len} outputs)"
+        );
+    }
+}
+
 /// Runs `$body!(module)` with the x86 kernel module of `$isa`.
 #[cfg(target_arch = "x86_64")]
 macro_rules! with_x86_module {
@@ -537,7 +699,7 @@ macro_rules! with_x86_module {
     };
 }
 
-// SAFETY (every `unsafe` call in the four functions below): `isa` comes from a `Kernel`, which
+// SAFETY (every `unsafe` call in the six functions below): `isa` comes from a `Kernel`, which
 // only exists for supported instruction sets, so the target features of the called function
 // are present. The callers only pass the weight types of the activation kind.
 
@@ -586,6 +748,40 @@ fn x86_isums256<A: Act256>(isa: Isa, ty: QuantType, w: &[u8], a: &[A]) -> Vec<(i
     macro_rules! call {
         ($m:ident) => {
             unsafe { x86::$m::isums256(ty, w, a) }
+        };
+    }
+    with_x86_module!(isa, call)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn x86_block32<A: Act32>(
+    isa: Isa,
+    ty: QuantType,
+    w: &[u8],
+    a: &[A],
+    s: BlockShape,
+    out: &mut [f32],
+) {
+    macro_rules! call {
+        ($m:ident) => {
+            unsafe { x86::$m::dot_block32(ty, w, a, s, out) }
+        };
+    }
+    with_x86_module!(isa, call)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn x86_block256<A: Act256>(
+    isa: Isa,
+    ty: QuantType,
+    w: &[u8],
+    a: &[A],
+    s: BlockShape,
+    out: &mut [f32],
+) {
+    macro_rules! call {
+        ($m:ident) => {
+            unsafe { x86::$m::dot_block256(ty, w, a, s, out) }
         };
     }
     with_x86_module!(isa, call)

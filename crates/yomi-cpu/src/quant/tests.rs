@@ -4,7 +4,9 @@
 //! - SIMD vs scalar per-block integer sums, bit for bit (random bytes, extremes, proptest);
 //! - integer dot vs the f64 dot of dequantized weights and the *original* activations, within
 //!   the bound that activation rounding implies (derived in `act_bound`);
-//! - `linear` on quantized weights vs `linear_reference` at real shapes.
+//! - `linear` on quantized weights vs `linear_reference` at real shapes;
+//! - T rows in one call (multi-row tiles) vs T one-row calls, **bit for bit** (lossless
+//!   speculative decoding verifies T rows and must reproduce plain decoding exactly).
 //!
 //! Every check that involves activations runs at both [`Precision`]s (int8 and int8×2).
 
@@ -602,6 +604,7 @@ fn avxvnni_matches_scalar_integer_sums() {
     }
     isa_parity(Isa::AvxVnni);
     linear_isa_parity(Isa::AvxVnni);
+    rows_bitwise(Isa::AvxVnni);
 }
 
 #[test]
@@ -616,6 +619,7 @@ fn avx512vnni_matches_scalar_integer_sums() {
     }
     isa_parity(Isa::Avx512Vnni);
     linear_isa_parity(Isa::Avx512Vnni);
+    rows_bitwise(Isa::Avx512Vnni);
 }
 
 proptest! {
@@ -735,7 +739,7 @@ fn linear_quant_real_shapes() {
     // SmolLM2-135M: hidden 576, FFN 1536 (q/o/gate/up are [576|1536, 576], down [576, 1536]).
     for p in Precision::ALL {
         for ty in [QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1] {
-            for t in [1, 8] {
+            for t in [1, 5, 8] {
                 check_linear(ty, 576, 1536, t, 1 + t as u64, p);
                 check_linear(ty, 1536, 576, t, 3 + t as u64, p);
                 // 17 blocks per row: each row ends in a half-zero pair.
@@ -747,11 +751,15 @@ fn linear_quant_real_shapes() {
     // back to other types there); use 1536 and 512 columns.
     for p in Precision::ALL {
         for ty in [QuantType::Q4_K, QuantType::Q5_K, QuantType::Q6_K] {
-            for t in [1, 8] {
+            for t in [1, 5, 8] {
                 check_linear(ty, 576, 1536, t, 5 + t as u64, p);
                 check_linear(ty, 1536, 512, t, 7 + t as u64, p);
             }
         }
+    }
+    // A 7B-class square projection, T = 5 (a full register tile of 4 and a single row).
+    for ty in [QuantType::Q4_K, QuantType::Q6_K] {
+        check_linear(ty, 4096, 4096, 5, 13, Precision::Int8x2);
     }
 }
 
@@ -764,7 +772,7 @@ fn linear_isa_parity(isa: Isa) {
         .flat_map(|ty| Precision::ALL.map(|p| (ty, p)))
     {
         // 33 blocks of 32 (an odd count: the last pair is half zero) or 4 of 256.
-        let (rows, t) = (40, 3);
+        let (rows, t) = (40, 9);
         let cols = if ty.uses_q8k() { 1024 } else { 1056 };
         let wf = rng.vec(rows * cols);
         let q = QuantData::quantize(ty, rows, cols, &wf);
@@ -784,6 +792,141 @@ fn linear_isa_parity(isa: Isa) {
                 (a - s).abs() <= 1e-5 * mag + 1e-6,
                 "{ty} {p} {isa:?} out {i}: {a} vs {s}"
             );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// T rows at once vs one row at a time: the same bits.
+
+/// Bit patterns (so that −0.0 ≠ 0.0 and NaNs compare).
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// `linear_quant_with` on T rows (row tiling on and off) against T one-row calls, bit for bit,
+/// for every type and precision and T ∈ {1, 2, 3, 5, 8, 16, 17, 32, 64, 256}; the rows sharing
+/// a call differ with T (and with the window start), yet every output must keep its bits.
+fn rows_bitwise(isa: Isa) {
+    const TS: [usize; 10] = [1, 2, 3, 5, 8, 16, 17, 32, 64, 256];
+    let mut rng = Rng(77 + isa as u64);
+    for ty in QuantType::ALL {
+        // 17 blocks of 32 (odd: the last pair is half zero) or 3 of 256; 37 rows (not whole
+        // tasks of 16).
+        let (rows, cols) = (37, if ty.uses_q8k() { 768 } else { 544 });
+        let q = QuantData {
+            ty,
+            bytes: random_blocks(ty, rows * cols / ty.block_size(), &mut rng),
+        };
+        let tmax = 256 + 3;
+        let x = random_acts(tmax * cols, &mut rng);
+        for p in Precision::ALL {
+            let k = kernel(isa, p);
+            let mut one = vec![0.0; tmax * rows];
+            for (xr, o) in x.chunks(cols).zip(one.chunks_mut(rows)) {
+                linear_quant_with(k, xr, 1, rows, cols, &q, o);
+            }
+            for t in TS {
+                for start in [0, 3] {
+                    let xs = &x[start * cols..(start + t) * cols];
+                    let want = bits(&one[start * rows..(start + t) * rows]);
+                    for tiling in [true, false] {
+                        let mut got = vec![0.0; t * rows];
+                        linear_quant_with(
+                            k.with_row_tiling(tiling),
+                            xs,
+                            t,
+                            rows,
+                            cols,
+                            &q,
+                            &mut got,
+                        );
+                        assert!(
+                            bits(&got) == want,
+                            "{ty} {p} {isa:?} T {t} start {start} tiling {tiling}: not the one-row bits"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn rows_bitwise_scalar() {
+    rows_bitwise(Isa::Scalar);
+}
+
+#[test]
+fn rows_bitwise_avx2() {
+    if !Isa::Avx2.is_supported() {
+        println!("SKIPPED (nothing tested): this CPU lacks AVX2+FMA+F16C");
+        return;
+    }
+    rows_bitwise(Isa::Avx2);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// `Kernel::dot_block` of m weight rows of random bytes (all quant / scale bit patterns)
+    /// with n activation rows (optionally all ±1: the largest integers), into a strided
+    /// output, is bitwise `Kernel::dot` per (weight row, activation row) and leaves the gaps
+    /// alone, on every kernel set of this CPU; `dot_rows` is its one-weight-row case.
+    #[test]
+    fn dot_block_bitwise_prop(
+        ty_i in 0usize..6,
+        seed in any::<u64>(),
+        nb in 1usize..6,
+        m in 1usize..4,
+        n in 1usize..11,
+        big in any::<bool>(),
+    ) {
+        let ty = QuantType::ALL[ty_i];
+        let mut rng = Rng(seed);
+        let w = random_blocks(ty, m * nb, &mut rng);
+        let cols = nb * ty.block_size();
+        let mut x = random_acts(n * cols, &mut rng);
+        if big {
+            for v in &mut x {
+                *v = if *v >= 0.0 { 1.0 } else { -1.0 };
+            }
+        }
+        for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+            for p in Precision::ALL {
+                let k = kernel(isa, p);
+                fn go<A: ActBlock>(
+                    k: Kernel,
+                    ty: QuantType,
+                    (w, m): (&[u8], usize),
+                    x: &[f32],
+                    cols: usize,
+                ) -> (Vec<u32>, Vec<u32>, Vec<u32>, Vec<u32>) {
+                    let mut all: Vec<A> = Vec::new();
+                    quantize_rows(x, cols, &mut all);
+                    let n = x.len() / cols;
+                    let per = all.len() / n;
+                    let stride = n + 2;
+                    let mut got = vec![-7.0f32; m * stride];
+                    k.dot_block(ty, w, m, A::row(&all), n, &mut got, stride);
+                    let mut want = vec![-7.0f32; m * stride];
+                    for (r, wr) in w.chunks(w.len() / m).enumerate() {
+                        for (i, ar) in all.chunks(per).enumerate() {
+                            want[r * stride + i] = k.dot(ty, wr, A::row(ar));
+                        }
+                    }
+                    let mut one = vec![0.0f32; n];
+                    k.dot_rows(ty, &w[..w.len() / m], A::row(&all), &mut one);
+                    (bits(&got), bits(&want), bits(&one), bits(&want[..n]))
+                }
+                let (got, want, one, want0) = match (ty.uses_q8k(), p) {
+                    (false, Precision::Int8) => go::<PairQ8>(k, ty, (&w, m), &x, cols),
+                    (false, Precision::Int8x2) => go::<PairQ8x2>(k, ty, (&w, m), &x, cols),
+                    (true, Precision::Int8) => go::<BlockQ8K>(k, ty, (&w, m), &x, cols),
+                    (true, Precision::Int8x2) => go::<BlockQ8Kx2>(k, ty, (&w, m), &x, cols),
+                };
+                prop_assert_eq!(got, want, "{} {} {:?} nb {} m {} n {}", ty, p, isa, nb, m, n);
+                prop_assert_eq!(one, want0, "dot_rows {} {} {:?} nb {} n {}", ty, p, isa, nb, n);
+            }
         }
     }
 }

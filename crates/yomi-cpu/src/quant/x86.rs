@@ -46,6 +46,29 @@
 //! its low nibbles and 2k+1 in its high nibbles; Q5_K's 5th bit of sub-block s is bit s of
 //! `qh[l]`; Q6_K's high bits are pairs of `qh[l]` (bits 0-1, 2-3, 4-5, 6-7 for the four groups).
 //!
+//! Multi-row tiles (`dot_block32`, `dot_block256`, behind [`super::Kernel::dot_block`]): one
+//! weight row against a tile of N ≤ `TILE` activation rows (4 with 32 vector registers, 2 with
+//! 16), for every weight row of the call in turn. Each weight block (pair) is loaded, unpacked
+//! (nibbles, Q5_K's fifth bit, Q6_K's high bits, Q8_0's `^ 0x80` / `abs`) and its scales
+//! converted once, then fed to the N rows; every row keeps its own accumulators and runs the
+//! instruction sequence of the one-row kernel (for the K-quants the one-row kernel *is* the
+//! N = 1 instance; the 32-blocks keep a separate one-row loop, see `for_pairs1`, with the same
+//! per-row operations), so each (weight row, activation row) result is bitwise the same
+//! whatever N and whichever rows share the tile (the tests check it bit for bit).
+//!
+//! What a tile saves is only the weight-side work. At int8×2 a 32-block pair costs per
+//! activation row 4 `dpbusd`, the plane shift, a conversion, the scale product, an FMA and (Q4)
+//! the min-term add, all on the two vector ALU ports that also run `dpbusd`; the shared weight
+//! side (loads, nibble masks, f16 scales) is mostly elsewhere. So the tiled cost per extra row
+//! stays at ~0.7 of a one-row pass when compute-bound (measured at T = 256, 1 thread, L2-hot:
+//! 0.75 Q4_1, 0.65–0.7 Q8_0, 0.71 Q4_K 4096², `examples/quant_rows.rs`), against 1.0–1.2
+//! untiled. Dropping the scale spread
+//! (2 shuffle-port instructions per row and pair) measured no faster: the ALU ports bind. A
+//! tile of 8 for the K-quants measured 15% slower than 4 (74 KB of int8×2 activations no longer
+//! fit L1). Going further needs fewer per-row instructions, i.e. lanes that are weight rows
+//! (interleaved weight rows, as llama.cpp's repacked formats) so that the conversion, scale and
+//! FMA serve 8 weight rows at once.
+//!
 //! Cost notes (dev box Xeon, AVX-512-VNNI, 1536×1536 L2-resident matrix, 1 thread, ns per
 //! block, best of 12 rounds on a shared machine; "before" is the one-block-per-register int8
 //! kernel this replaced):
@@ -68,9 +91,9 @@
 
 use std::arch::x86_64::*;
 
-use super::QuantType;
 use super::act::{Act32, Act256, X2_RATIO};
 use super::formats::k_scales;
+use super::{BlockShape, QuantType};
 
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -342,12 +365,17 @@ fn dpw_avx512vnni(acc: __m256i, p: __m256i, s: __m256i) -> __m256i {
 /// 16-register builds get [`sched_barrier`]s).
 macro_rules! kquants {
     ($feat:literal, $dpw:ident, $wide:literal) => {
-        /// Q4_K/Q5_K block: (S lanes of the `qs` plane, S lanes of the `qr` plane (zero
-        /// without one), M lanes against the activation integers `256·q + r`). See the
-        /// module header.
+        /// Q4_K/Q5_K block · N activation blocks: per activation block (S lanes of the `qs`
+        /// plane, S lanes of the `qr` plane (zero without one), M lanes against the
+        /// activation integers `256·q + r`). See the module header. Each 32-byte chunk of
+        /// quants is unpacked (and its two scale vectors picked) once for all N blocks; the
+        /// lanes of each are the same integers whatever N is.
         #[target_feature(enable = $feat)]
         #[inline]
-        fn blk_q45_k<const FIVE: bool, A: Act256>(w: &[u8], a: &A) -> (__m256i, __m256i, __m256i) {
+        fn blk_q45_k<const FIVE: bool, A: Act256, const N: usize>(
+            w: &[u8],
+            a: [&A; N],
+        ) -> [(__m256i, __m256i, __m256i); N] {
             let qs = if FIVE { 48 } else { 16 };
             let w = &w[..if FIVE { 176 } else { 144 }];
             let (sc, mn) = k_scales(&w[4..16]);
@@ -361,9 +389,8 @@ macro_rules! kquants {
             } else {
                 _mm256_setzero_si256()
             };
-            let (aq, ar) = (a.qs(), a.qr());
-            let mut sumi = _mm256_setzero_si256();
-            let mut sumr = _mm256_setzero_si256();
+            let mut sumi = [_mm256_setzero_si256(); N];
+            let mut sumr = [_mm256_setzero_si256(); N];
             for k in 0..4 {
                 let q = load32(w, qs + 32 * k);
                 let mut lo = _mm256_and_si256(q, m15);
@@ -382,50 +409,50 @@ macro_rules! kquants {
                     let phi = _mm256_maddubs_epi16(hi, load_i8x32(&p[64 * k + 32..]));
                     $dpw($dpw(acc, plo, slo), phi, shi)
                 };
-                sumi = plane(sumi, aq);
-                if let Some((r, _)) = ar {
-                    sumr = plane(sumr, r);
-                    sched_barrier::<$wide>();
+                for n in 0..N {
+                    sumi[n] = plane(sumi[n], a[n].qs());
+                    if let Some((r, _)) = a[n].qr() {
+                        sumr[n] = plane(sumr[n], r);
+                        sched_barrier::<$wide>();
+                    }
                 }
             }
             // M: lane j = mn[j] · (bsums[2j] + bsums[2j+1]) (+ the residual plane's with
             // `mn << 8` for `bsums`, see the header).
-            // SAFETY: `bsums` is 16 i16 = 32 readable bytes; `mn` is 8 readable bytes;
-            // unaligned loads.
-            let (bs, mn8) = unsafe {
-                (
-                    _mm256_loadu_si256(a.bsums().as_ptr() as *const __m256i),
-                    _mm_loadl_epi64(mn.as_ptr() as *const __m128i),
-                )
-            };
+            // SAFETY: `mn` is 8 readable bytes; unaligned 64-bit load.
+            let mn8 = unsafe { _mm_loadl_epi64(mn.as_ptr() as *const __m128i) };
             let mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
-            let m = match ar {
-                None => _mm256_madd_epi16(bs, mins),
-                Some((_, rs)) => {
-                    // SAFETY: `rs` is 16 i16 = 32 readable bytes; unaligned load.
-                    let rs = unsafe { _mm256_loadu_si256(rs.as_ptr() as *const __m256i) };
-                    $dpw(
-                        _mm256_madd_epi16(bs, _mm256_slli_epi16::<8>(mins)),
-                        rs,
-                        mins,
-                    )
-                }
-            };
-            (sumi, sumr, m)
+            std::array::from_fn(|n| {
+                // SAFETY: `bsums` is 16 i16 = 32 readable bytes; unaligned load.
+                let bs = unsafe { _mm256_loadu_si256(a[n].bsums().as_ptr() as *const __m256i) };
+                let m = match a[n].qr() {
+                    None => _mm256_madd_epi16(bs, mins),
+                    Some((_, rs)) => {
+                        // SAFETY: `rs` is 16 i16 = 32 readable bytes; unaligned load.
+                        let rs = unsafe { _mm256_loadu_si256(rs.as_ptr() as *const __m256i) };
+                        $dpw(
+                            _mm256_madd_epi16(bs, _mm256_slli_epi16::<8>(mins)),
+                            rs,
+                            mins,
+                        )
+                    }
+                };
+                (sumi[n], sumr[n], m)
+            })
         }
 
-        /// Q6_K block: S lanes of the `qs` plane and of the `qr` plane (zero without one);
-        /// kept apart because 256·S_q would overflow the i32 lanes here.
+        /// Q6_K block · N activation blocks: per activation block the S lanes of the `qs`
+        /// plane and of the `qr` plane (zero without one); kept apart because 256·S_q would
+        /// overflow the i32 lanes here. Each group of 6-bit quants is built once for all N.
         #[target_feature(enable = $feat)]
         #[inline]
-        fn blk_q6_k<A: Act256>(w: &[u8], a: &A) -> (__m256i, __m256i) {
+        fn blk_q6_k<A: Act256, const N: usize>(w: &[u8], a: [&A; N]) -> [(__m256i, __m256i); N] {
             let w = &w[..210];
-            let (aq, ar) = (a.qs(), a.qr());
             let sc = &w[192..208];
             let m15 = _mm256_set1_epi8(15);
             let m3 = _mm256_set1_epi8(3);
-            let mut sumi = _mm256_setzero_si256();
-            let mut sumr = _mm256_setzero_si256();
+            let mut sumi = [_mm256_setzero_si256(); N];
+            let mut sumr = [_mm256_setzero_si256(); N];
             for h in 0..2 {
                 let ql0 = load32(w, 64 * h);
                 let ql1 = load32(w, 64 * h + 32);
@@ -458,12 +485,14 @@ macro_rules! kquants {
                     // values 16..32 (scale 2g+1).
                     let s = pick_scales(s16, 2 * g, 2 * g + 1);
                     let off = 128 * h + 32 * g;
-                    let p = _mm256_maddubs_epi16(qg, load_i8x32(&aq[off..]));
-                    sumi = $dpw(sumi, p, s);
-                    if let Some((r, _)) = ar {
-                        let p = _mm256_maddubs_epi16(qg, load_i8x32(&r[off..]));
-                        sumr = $dpw(sumr, p, s);
-                        sched_barrier::<$wide>();
+                    for n in 0..N {
+                        let p = _mm256_maddubs_epi16(qg, load_i8x32(&a[n].qs()[off..]));
+                        sumi[n] = $dpw(sumi[n], p, s);
+                        if let Some((r, _)) = a[n].qr() {
+                            let p = _mm256_maddubs_epi16(qg, load_i8x32(&r[off..]));
+                            sumr[n] = $dpw(sumr[n], p, s);
+                            sched_barrier::<$wide>();
+                        }
                     }
                 }
             }
@@ -476,10 +505,137 @@ macro_rules! kquants {
                 let bs = unsafe { _mm256_loadu_si256(sums.as_ptr() as *const __m256i) };
                 _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, bs))
             };
-            let s = _mm256_sub_epi32(sumi, offset(a.bsums()));
-            match ar {
-                None => (s, sumr),
-                Some((_, rs)) => (s, _mm256_sub_epi32(sumr, offset(rs))),
+            std::array::from_fn(|n| {
+                let s = _mm256_sub_epi32(sumi[n], offset(a[n].bsums()));
+                match a[n].qr() {
+                    None => (s, sumr[n]),
+                    Some((_, rs)) => (s, _mm256_sub_epi32(sumr[n], offset(rs))),
+                }
+            })
+        }
+
+        /// One Q4_K (`FIVE = false`) or Q5_K row · N activation rows: per activation row one
+        /// FMA chain over the blocks, exactly the operations of N = 1.
+        #[target_feature(enable = $feat)]
+        #[inline]
+        fn dot_q45_k_n<const FIVE: bool, A: Act256, const N: usize>(
+            w: &[u8],
+            a: &[&[A]; N],
+        ) -> [f32; N] {
+            let ts = if FIVE { 176 } else { 144 };
+            for row in a {
+                assert_eq!(w.len(), row.len() * ts);
+            }
+            let mut acc = [_mm256_setzero_ps(); N];
+            for (i, b) in w.chunks_exact(ts).enumerate() {
+                let ab: [&A; N] = std::array::from_fn(|n| &a[n][i]);
+                let lanes = blk_q45_k::<FIVE, A, N>(b, ab);
+                let (d, dmin) = f16x2_at(b, 0);
+                for n in 0..N {
+                    let ((s, sr, m), ab) = (lanes[n], ab[n]);
+                    let dd = d * ab.d();
+                    let dmin = _mm256_set1_ps(-(dmin * ab.d()));
+                    if ab.qr().is_some() {
+                        let hi = _mm256_set1_ps(dd * X2_RATIO as f32);
+                        acc[n] = _mm256_fmadd_ps(hi, _mm256_cvtepi32_ps(s), acc[n]);
+                        acc[n] =
+                            _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(sr), acc[n]);
+                    } else {
+                        acc[n] = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(s), acc[n]);
+                    }
+                    acc[n] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(m), acc[n]);
+                }
+            }
+            acc.map(|v| hsum_ps(v))
+        }
+
+        /// One Q6_K row · N activation rows (see [`dot_q45_k_n`]).
+        #[target_feature(enable = $feat)]
+        #[inline]
+        fn dot_q6_k_n<A: Act256, const N: usize>(w: &[u8], a: &[&[A]; N]) -> [f32; N] {
+            for row in a {
+                assert_eq!(w.len(), row.len() * 210);
+            }
+            let mut acc = [_mm256_setzero_ps(); N];
+            for (i, b) in w.chunks_exact(210).enumerate() {
+                let ab: [&A; N] = std::array::from_fn(|n| &a[n][i]);
+                let lanes = blk_q6_k::<A, N>(b, ab);
+                let dw = f16_bcast(b, 208);
+                for n in 0..N {
+                    let ((s, sr), ab) = (lanes[n], ab[n]);
+                    let d = _mm256_mul_ps(dw, _mm256_set1_ps(ab.d()));
+                    if ab.qr().is_some() {
+                        let hi = _mm256_mul_ps(d, _mm256_set1_ps(X2_RATIO as f32));
+                        acc[n] = _mm256_fmadd_ps(hi, _mm256_cvtepi32_ps(s), acc[n]);
+                        acc[n] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sr), acc[n]);
+                    } else {
+                        acc[n] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[n]);
+                    }
+                }
+            }
+            acc.map(|v| hsum_ps(v))
+        }
+
+        /// The N-row kernel of K-quant tag `TY`.
+        #[target_feature(enable = $feat)]
+        #[inline]
+        fn dot256<A: Act256, const TY: u8, const N: usize>(w: &[u8], a: &[&[A]; N]) -> [f32; N] {
+            match TY {
+                Q4_K => dot_q45_k_n::<false, A, N>(w, a),
+                Q5_K => dot_q45_k_n::<true, A, N>(w, a),
+                _ => dot_q6_k_n::<A, N>(w, a),
+            }
+        }
+
+        /// `out[k·stride + i] = dot(weight row k, activation row i)` for K-quant rows: as
+        /// `block32` (activation tiles of up to [`TILE`] outside, weight rows inside, each
+        /// weight chunk unpacked once per tile). Bitwise the single-row kernels' results.
+        #[target_feature(enable = $feat)]
+        #[inline]
+        fn block256<A: Act256, const TY: u8>(w: &[u8], a: &[A], s: BlockShape, out: &mut [f32]) {
+            s.check(w.len(), a.len(), out.len());
+            let nb = s.nb;
+            for (ti, rows) in a.chunks(TILE * nb).enumerate() {
+                let r = |i: usize| &rows[i * nb..(i + 1) * nb];
+                let i0 = ti * TILE;
+                let n = rows.len() / nb;
+                for (k, wr) in w.chunks_exact(s.row_bytes).enumerate() {
+                    let o = &mut out[k * s.stride + i0..k * s.stride + i0 + n];
+                    match n {
+                        // The one-row kernels (see `block32`).
+                        1 => {
+                            o[0] = match TY {
+                                Q4_K => dot_q45_k::<false, A>(wr, r(0)),
+                                Q5_K => dot_q45_k::<true, A>(wr, r(0)),
+                                _ => dot_q6_k(wr, r(0)),
+                            }
+                        }
+                        2 => o.copy_from_slice(&dot256::<A, TY, 2>(wr, &[r(0), r(1)])),
+                        3 => o.copy_from_slice(&dot256::<A, TY, 3>(wr, &[r(0), r(1), r(2)])),
+                        _ => o.copy_from_slice(&dot256::<A, TY, 4>(wr, &[r(0), r(1), r(2), r(3)])),
+                    }
+                }
+            }
+        }
+
+        /// K-quant weight rows · activation rows, see `block256` and
+        /// [`crate::quant::Kernel::dot_block`].
+        ///
+        /// # Safety
+        /// The CPU must have this module's target features (checked by [`crate::quant::Kernel`]).
+        #[target_feature(enable = $feat)]
+        pub fn dot_block256<A: Act256>(
+            ty: QuantType,
+            w: &[u8],
+            a: &[A],
+            s: BlockShape,
+            out: &mut [f32],
+        ) {
+            match ty {
+                QuantType::Q4_K => block256::<A, Q4_K>(w, a, s, out),
+                QuantType::Q5_K => block256::<A, Q5_K>(w, a, s, out),
+                QuantType::Q6_K => block256::<A, Q6_K>(w, a, s, out),
+                _ => panic!("dot_block256: {ty} is not a K-quant"),
             }
         }
 
@@ -489,24 +645,7 @@ macro_rules! kquants {
         /// The CPU must have this module's target features (checked by [`crate::quant::Kernel`]).
         #[target_feature(enable = $feat)]
         pub fn dot_q45_k<const FIVE: bool, A: Act256>(w: &[u8], a: &[A]) -> f32 {
-            let ts = if FIVE { 176 } else { 144 };
-            assert_eq!(w.len(), a.len() * ts);
-            let mut acc = _mm256_setzero_ps();
-            for (b, ab) in w.chunks_exact(ts).zip(a) {
-                let (s, sr, m) = blk_q45_k::<FIVE, A>(b, ab);
-                let (d, dmin) = f16x2_at(b, 0);
-                let dd = d * ab.d();
-                let dmin = _mm256_set1_ps(-(dmin * ab.d()));
-                if ab.qr().is_some() {
-                    let hi = _mm256_set1_ps(dd * X2_RATIO as f32);
-                    acc = _mm256_fmadd_ps(hi, _mm256_cvtepi32_ps(s), acc);
-                    acc = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(sr), acc);
-                } else {
-                    acc = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(s), acc);
-                }
-                acc = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(m), acc);
-            }
-            hsum_ps(acc)
+            dot_q45_k_n::<FIVE, A, 1>(w, &[a])[0]
         }
 
         /// Q6_K row · activation row.
@@ -515,20 +654,7 @@ macro_rules! kquants {
         /// The CPU must have this module's target features (checked by [`crate::quant::Kernel`]).
         #[target_feature(enable = $feat)]
         pub fn dot_q6_k<A: Act256>(w: &[u8], a: &[A]) -> f32 {
-            assert_eq!(w.len(), a.len() * 210);
-            let mut acc = _mm256_setzero_ps();
-            for (b, ab) in w.chunks_exact(210).zip(a) {
-                let d = _mm256_mul_ps(f16_bcast(b, 208), _mm256_set1_ps(ab.d()));
-                let (s, sr) = blk_q6_k(b, ab);
-                if ab.qr().is_some() {
-                    let hi = _mm256_mul_ps(d, _mm256_set1_ps(X2_RATIO as f32));
-                    acc = _mm256_fmadd_ps(hi, _mm256_cvtepi32_ps(s), acc);
-                    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sr), acc);
-                } else {
-                    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc);
-                }
-            }
-            hsum_ps(acc)
+            dot_q6_k_n::<A, 1>(w, &[a])[0]
         }
 
         /// Per-block (S, M) of a K-quant row, planes combined as `256·S_q + S_r` (tests).
@@ -542,15 +668,15 @@ macro_rules! kquants {
                 .zip(a)
                 .map(|(b, ab)| match ty {
                     QuantType::Q4_K | QuantType::Q5_K => {
-                        let (s, sr, m) = if ty == QuantType::Q5_K {
-                            blk_q45_k::<true, A>(b, ab)
+                        let [(s, sr, m)] = if ty == QuantType::Q5_K {
+                            blk_q45_k::<true, A, 1>(b, [ab])
                         } else {
-                            blk_q45_k::<false, A>(b, ab)
+                            blk_q45_k::<false, A, 1>(b, [ab])
                         };
                         (combine(ab, hsum_i32(s), hsum_i32(sr)), hsum_i64(m))
                     }
                     QuantType::Q6_K => {
-                        let (s, sr) = blk_q6_k(b, ab);
+                        let [(s, sr)] = blk_q6_k::<A, 1>(b, [ab]);
                         (combine(ab, hsum_i32(s), hsum_i32(sr)), 0)
                     }
                     _ => panic!("isums256: {ty} is not a K-quant"),
@@ -561,12 +687,16 @@ macro_rules! kquants {
 }
 
 /// Row kernels and per-block integer sums for one instruction set; `$dp` is its
-/// `acc + Σ u·s` (four-way u8×i8), `$vnni` whether that is one instruction, `$kq` the K-quant
-/// items of the module ([`kquants`] or a re-export).
+/// `acc + Σ u·s` (four-way u8×i8), `$vnni` whether that is one instruction, `$tile` its
+/// [`avx2::TILE`], `$kq` the K-quant items of the module ([`kquants`] or a re-export).
 macro_rules! kernels {
-    ($m:ident, $feat:literal, $dp:ident, $vnni:literal, { $($kq:tt)* }) => {
+    ($m:ident, $feat:literal, $dp:ident, $vnni:literal, $tile:literal, { $($kq:tt)* }) => {
         pub mod $m {
             use super::*;
+
+            /// Activation rows per multi-row tile: what the accumulators of one weight row
+            /// against that many rows leave of the register file (16 or 32 vector registers).
+            pub const TILE: usize = $tile;
 
             $($kq)*
 
@@ -617,60 +747,87 @@ macro_rules! kernels {
                 }
             }
 
-            /// Q8_0 pair (`b`: 68 bytes): integer lanes. VNNI (no i16 saturation) dots
-            /// `u = w + 128` (`w ^ 0x80`) with the plain activations and starts the lanes at
-            /// `−128·Σa` in all ([`Act32::q8_off`]); AVX2 uses the sign trick.
+            /// The weight half of pair kernel `TY` on bytes `b` (two blocks), unpacked once so
+            /// that any number of activation pairs can use it ([`apair`]):
+            /// - Q8_0: VNNI (no i16 saturation) dots `u = w + 128` (`w ^ 0x80`) with the plain
+            ///   activations (the lanes then start at `−128·Σa`, [`Act32::q8_off`]); AVX2 dots
+            ///   `|w|` with the activations signed by `w`;
+            /// - Q4_0 (`off = 2`, `ts = 18`) / Q4_1 (`4`, `20`): the unsigned nibbles;
+            /// - `sc`: the f16 fields `[A0, A1, B0, B1]` as f32 (Q4_0: `[dA, dA, dB, dB]`).
             #[target_feature(enable = $feat)]
             #[inline]
-            fn pair_q8_0<A: Act32>(b: &[u8], a: &A) -> __m256i {
-                let (wlo, whi) = (load16x2(b, 2, 36), load16x2(b, 18, 52));
-                if $vnni {
-                    let m80 = _mm256_set1_epi8(-128);
-                    let (ulo, uhi) = (_mm256_xor_si256(wlo, m80), _mm256_xor_si256(whi, m80));
-                    // SAFETY: `q8_off` is 8 i32 = 32 readable bytes; unaligned load.
-                    let off = unsafe { _mm256_loadu_si256(a.q8_off().as_ptr() as *const __m256i) };
-                    pair_lanes::<A, false>(ulo, uhi, a, None, off)
-                } else {
-                    let (ulo, uhi) = (_mm256_abs_epi8(wlo), _mm256_abs_epi8(whi));
-                    pair_lanes::<A, false>(ulo, uhi, a, Some((wlo, whi)), _mm256_setzero_si256())
+            fn wpair<const TY: u8>(b: &[u8]) -> WPair {
+                let nibbles = |off: usize, ts: usize| {
+                    let x = load16x2(b, off, ts + off);
+                    let m15 = _mm256_set1_epi8(15);
+                    (
+                        _mm256_and_si256(x, m15),
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(x), m15),
+                    )
+                };
+                match TY {
+                    Q8_0 => {
+                        let (wlo, whi) = (load16x2(b, 2, 36), load16x2(b, 18, 52));
+                        let sc = f16_pair(b, 34);
+                        if $vnni {
+                            let m80 = _mm256_set1_epi8(-128);
+                            let (lo, hi) = (_mm256_xor_si256(wlo, m80), _mm256_xor_si256(whi, m80));
+                            WPair { lo, hi, signs: None, sc }
+                        } else {
+                            let (lo, hi) = (_mm256_abs_epi8(wlo), _mm256_abs_epi8(whi));
+                            WPair { lo, hi, signs: Some((wlo, whi)), sc }
+                        }
+                    }
+                    Q4_0 => {
+                        let (lo, hi) = nibbles(2, 18);
+                        let sc = _mm_moveldup_ps(f16_pair(b, 18)); // [dA, dA, dB, dB]
+                        WPair { lo, hi, signs: None, sc }
+                    }
+                    _ => {
+                        let (lo, hi) = nibbles(4, 20);
+                        WPair { lo, hi, signs: None, sc: f16_pair(b, 20) }
+                    }
                 }
             }
 
-            /// Q4_0 (`off = 2`, `ts = 18`) or Q4_1 (`4`, `20`) pair (`b`: 2·ts bytes): integer
-            /// lanes of the unsigned nibbles.
+            /// An unpacked weight pair ([`wpair`]) · one activation pair: integer lanes and the
+            /// scale products `[d_A·da_A, x_A, d_B·da_B, x_B]` (x: Q4_1 `m·s`, Q4_0 `d·s`,
+            /// Q8_0 unused). The same instructions whatever else shares the weight pair, so
+            /// every (weight row, activation row) gets the same bits.
             #[target_feature(enable = $feat)]
             #[inline]
-            fn pair_q4<A: Act32>(b: &[u8], off: usize, ts: usize, a: &A) -> __m256i {
-                let x = load16x2(b, off, ts + off);
-                let m15 = _mm256_set1_epi8(15);
-                let lo = _mm256_and_si256(x, m15);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m15);
-                pair_lanes::<A, true>(lo, hi, a, None, _mm256_setzero_si256())
+            fn apair<A: Act32, const TY: u8>(w: &WPair, a: &A) -> (__m256i, __m128) {
+                // SAFETY: `ds` is 4 readable f32; unaligned load.
+                let ds = unsafe { _mm_loadu_ps(a.ds().as_ptr()) };
+                let lanes = if TY == Q8_0 {
+                    let init = if $vnni {
+                        // SAFETY: `q8_off` is 8 i32 = 32 readable bytes; unaligned load.
+                        unsafe { _mm256_loadu_si256(a.q8_off().as_ptr() as *const __m256i) }
+                    } else {
+                        _mm256_setzero_si256()
+                    };
+                    pair_lanes::<A, false>(w.lo, w.hi, a, w.signs, init)
+                } else {
+                    pair_lanes::<A, true>(w.lo, w.hi, a, None, _mm256_setzero_si256())
+                };
+                (lanes, _mm_mul_ps(w.sc, ds))
             }
 
-            /// The pair kernel of `ty` on weight bytes `b` (two blocks): integer lanes and the
-            /// scale products `[d_A·da_A, x_A, d_B·da_B, x_B]` (x: Q4_1 `m·s`, Q4_0 `d·s`,
-            /// Q8_0 unused).
+            /// One weight pair · one activation pair ([`wpair`] then [`apair`]).
             #[target_feature(enable = $feat)]
             #[inline]
             fn pair<A: Act32, const TY: u8>(b: &[u8], a: &A) -> (__m256i, __m128) {
-                // SAFETY: `ds` is 4 readable f32; unaligned load.
-                let ds = unsafe { _mm_loadu_ps(a.ds().as_ptr()) };
-                match TY {
-                    Q8_0 => (pair_q8_0(b, a), _mm_mul_ps(f16_pair(b, 34), ds)),
-                    Q4_0 => {
-                        let d = _mm_moveldup_ps(f16_pair(b, 18)); // [dA, dA, dB, dB]
-                        (pair_q4(b, 2, 18, a), _mm_mul_ps(d, ds))
-                    }
-                    _ => (pair_q4(b, 4, 20, a), _mm_mul_ps(f16_pair(b, 20), ds)),
-                }
+                apair::<A, TY>(&wpair::<TY>(b), a)
             }
 
-            /// Runs [`pair`] over a row (`ts`-byte blocks; an odd last block against a zero
-            /// block), calling `f(k, lanes, products)` for pair k.
+            /// The one-row walk of [`for_pairs`] (N = 1), kept as its own loop over zipped
+            /// chunks: the N-row loop's per-pair indexing and stack-held accumulators cost the
+            /// one-row kernel 10–15% at 576 columns (9 pairs per row), where per-row overhead
+            /// shows. `f(k, lanes, products)` for pair k, in the order of k (the order
+            /// [`for_pairs`] gives each row; the tests check the bits agree).
             #[target_feature(enable = $feat)]
             #[inline]
-            fn for_pairs<A: Act32, const TY: u8>(
+            fn for_pairs1<A: Act32, const TY: u8>(
                 w: &[u8],
                 a: &[A],
                 mut f: impl FnMut(usize, __m256i, __m128),
@@ -699,13 +856,14 @@ macro_rules! kernels {
                 }
             }
 
-            /// One row: `(Σ scale·S, Σ products)` with two FMA chains.
+            /// One weight row · one activation row: `(Σ scale·S, Σ products)` with two FMA
+            /// chains (pairs k even / odd), the per-row operations of [`row32`].
             #[target_feature(enable = $feat)]
             #[inline]
-            fn row32<A: Act32, const TY: u8>(w: &[u8], a: &[A]) -> (f32, __m128) {
+            fn row32_1<A: Act32, const TY: u8>(w: &[u8], a: &[A]) -> (f32, __m128) {
                 let mut acc = [_mm256_setzero_ps(); 2];
                 let mut prods = [_mm_setzero_ps(); 2];
-                for_pairs::<A, TY>(w, a, |k, p, q| {
+                for_pairs1::<A, TY>(w, a, |k, p, q| {
                     let u = k % 2;
                     acc[u] = _mm256_fmadd_ps(spread_pair(q), _mm256_cvtepi32_ps(p), acc[u]);
                     if TY != Q8_0 {
@@ -716,6 +874,171 @@ macro_rules! kernels {
                     hsum_ps(_mm256_add_ps(acc[0], acc[1])),
                     _mm_add_ps(prods[0], prods[1]),
                 )
+            }
+
+            /// [`row32_1`] finished per type (see [`dot32`]).
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn dot32_1<A: Act32, const TY: u8>(w: &[u8], a: &[A]) -> f32 {
+                let (s, q) = row32_1::<A, TY>(w, a);
+                match TY {
+                    Q8_0 => s,
+                    Q4_0 => s - 8.0 * odd_lanes(q),
+                    _ => s + odd_lanes(q),
+                }
+            }
+
+            /// Pair k (weight bytes `wb`) of N activation rows: `f(k, n, lanes, products)`.
+            /// A function with an inline hint, not a closure: LLVM left the closure out of
+            /// line at the odd-pair tail, which cost 10–15% per one-row call at 576 columns.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn pair_rows<A: Act32, const TY: u8, const N: usize>(
+                k: usize,
+                wb: &[u8],
+                a: &[&[A]; N],
+                f: &mut impl FnMut(usize, usize, __m256i, __m128),
+            ) {
+                let wp = wpair::<TY>(wb);
+                for (n, row) in a.iter().enumerate() {
+                    let (p, q) = apair::<A, TY>(&wp, &row[k]);
+                    f(k, n, p, q);
+                }
+            }
+
+            /// Runs the pair kernel over a weight row (`ts`-byte blocks; an odd last block
+            /// against a zero block) and `N` activation rows, calling `f(k, n, lanes,
+            /// products)` for pair k of activation row n: each weight pair is unpacked once
+            /// for all N rows. Per row n the calls come in the order of k, as with N = 1.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn for_pairs<A: Act32, const TY: u8, const N: usize>(
+                w: &[u8],
+                a: &[&[A]; N],
+                mut f: impl FnMut(usize, usize, __m256i, __m128),
+            ) {
+                let ts = ts32(TY);
+                let nb = w.len() / ts;
+                assert!(w.len() == nb * ts);
+                for row in a {
+                    assert!(row.len() == nb.div_ceil(2));
+                }
+                let mut one = |k: usize, wb: &[u8]| pair_rows::<A, TY, N>(k, wb, a, &mut f);
+                // Two pairs per step, so that `k % 2` in `f` is a constant after unrolling.
+                let mut k = 0;
+                for wb in w.chunks_exact(4 * ts) {
+                    one(k, &wb[..2 * ts]);
+                    one(k + 1, &wb[2 * ts..]);
+                    k += 2;
+                }
+                if nb / 2 % 2 == 1 {
+                    one(k, &w[2 * k * ts..2 * (k + 1) * ts]);
+                    k += 1;
+                }
+                if nb % 2 == 1 {
+                    let mut tmp = [0u8; 68];
+                    tmp[..ts].copy_from_slice(&w[w.len() - ts..]);
+                    one(k, &tmp[..2 * ts]);
+                }
+            }
+
+            /// One weight row · N activation rows: per activation row `(Σ scale·S, Σ products)`
+            /// with two FMA chains (pairs k even / odd), exactly the operations of N = 1.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn row32<A: Act32, const TY: u8, const N: usize>(
+                w: &[u8],
+                a: &[&[A]; N],
+            ) -> [(f32, __m128); N] {
+                let mut acc = [[_mm256_setzero_ps(); 2]; N];
+                let mut prods = [[_mm_setzero_ps(); 2]; N];
+                for_pairs::<A, TY, N>(w, a, |k, n, p, q| {
+                    let u = k % 2;
+                    acc[n][u] = _mm256_fmadd_ps(spread_pair(q), _mm256_cvtepi32_ps(p), acc[n][u]);
+                    if TY != Q8_0 {
+                        prods[n][u] = _mm_add_ps(prods[n][u], q);
+                    }
+                });
+                std::array::from_fn(|n| {
+                    (
+                        hsum_ps(_mm256_add_ps(acc[n][0], acc[n][1])),
+                        _mm_add_ps(prods[n][0], prods[n][1]),
+                    )
+                })
+            }
+
+            /// [`row32`] finished per type: Q8_0 `s`; Q4_0 `s − 8·(lanes 1 + 3)` (the −8 offset
+            /// `d·s` of both blocks); Q4_1 `s + (lanes 1 + 3)` (the `+m` terms `m·s`).
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn dot32<A: Act32, const TY: u8, const N: usize>(w: &[u8], a: &[&[A]; N]) -> [f32; N] {
+                row32::<A, TY, N>(w, a).map(|(s, q)| match TY {
+                    Q8_0 => s,
+                    Q4_0 => s - 8.0 * odd_lanes(q),
+                    _ => s + odd_lanes(q),
+                })
+            }
+
+            /// `out[k·stride + i] = dot(weight row k, activation row i)` for the `s.m` weight
+            /// rows of `w` and the `s.n` activation rows of `a` (a 32-block type): activation
+            /// rows in tiles of up to [`TILE`] (outer loop: a tile stays in L1 while every
+            /// weight row passes over it), each weight row unpacked once per tile. Bitwise the
+            /// single-row kernels' results.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn block32<A: Act32, const TY: u8>(
+                w: &[u8],
+                a: &[A],
+                s: BlockShape,
+                out: &mut [f32],
+            ) {
+                s.check(w.len(), a.len(), out.len());
+                let nb = s.nb;
+                for (ti, rows) in a.chunks(TILE * nb).enumerate() {
+                    let r = |i: usize| &rows[i * nb..(i + 1) * nb];
+                    let i0 = ti * TILE;
+                    let n = rows.len() / nb;
+                    for (k, wr) in w.chunks_exact(s.row_bytes).enumerate() {
+                        let o = &mut out[k * s.stride + i0..k * s.stride + i0 + n];
+                        match n {
+                            // A single row: the one-row kernels.
+                            1 => {
+                                o[0] = match TY {
+                                    Q8_0 => dot_q8_0(wr, r(0)),
+                                    Q4_0 => dot_q4_0(wr, r(0)),
+                                    _ => dot_q4_1(wr, r(0)),
+                                }
+                            }
+                            2 => o.copy_from_slice(&dot32::<A, TY, 2>(wr, &[r(0), r(1)])),
+                            3 => o.copy_from_slice(&dot32::<A, TY, 3>(wr, &[r(0), r(1), r(2)])),
+                            _ => o.copy_from_slice(&dot32::<A, TY, 4>(
+                                wr,
+                                &[r(0), r(1), r(2), r(3)],
+                            )),
+                        }
+                    }
+                }
+            }
+
+            /// Q8_0/Q4_0/Q4_1 weight rows · activation rows, see `block32` and
+            /// [`crate::quant::Kernel::dot_block`].
+            ///
+            /// # Safety
+            /// The CPU must have this module's target features (checked by [`crate::quant::Kernel`]).
+            #[target_feature(enable = $feat)]
+            pub fn dot_block32<A: Act32>(
+                ty: QuantType,
+                w: &[u8],
+                a: &[A],
+                s: BlockShape,
+                out: &mut [f32],
+            ) {
+                match ty {
+                    QuantType::Q8_0 => block32::<A, Q8_0>(w, a, s, out),
+                    QuantType::Q4_0 => block32::<A, Q4_0>(w, a, s, out),
+                    QuantType::Q4_1 => block32::<A, Q4_1>(w, a, s, out),
+                    _ => panic!("dot_block32: {ty} is not a 32-block type"),
+                }
             }
 
             /// Lanes 1 + 3 of the summed products (the offset / min terms of both blocks).
@@ -732,29 +1055,25 @@ macro_rules! kernels {
             /// The CPU must have this module's target features (checked by [`crate::quant::Kernel`]).
             #[target_feature(enable = $feat)]
             pub fn dot_q8_0<A: Act32>(w: &[u8], a: &[A]) -> f32 {
-                row32::<A, Q8_0>(w, a).0
+                dot32_1::<A, Q8_0>(w, a)
             }
 
-            /// Q4_0 row · activation row: lanes 1, 3 of the products accumulate the −8 offset
-            /// `d·s` of both blocks.
+            /// Q4_0 row · activation row.
             ///
             /// # Safety
             /// The CPU must have this module's target features (checked by [`crate::quant::Kernel`]).
             #[target_feature(enable = $feat)]
             pub fn dot_q4_0<A: Act32>(w: &[u8], a: &[A]) -> f32 {
-                let (s, q) = row32::<A, Q4_0>(w, a);
-                s - 8.0 * odd_lanes(q)
+                dot32_1::<A, Q4_0>(w, a)
             }
 
-            /// Q4_1 row · activation row: lanes 1, 3 of the products accumulate the `+m` terms
-            /// `m·s` of both blocks.
+            /// Q4_1 row · activation row.
             ///
             /// # Safety
             /// The CPU must have this module's target features (checked by [`crate::quant::Kernel`]).
             #[target_feature(enable = $feat)]
             pub fn dot_q4_1<A: Act32>(w: &[u8], a: &[A]) -> f32 {
-                let (s, q) = row32::<A, Q4_1>(w, a);
-                s + odd_lanes(q)
+                dot32_1::<A, Q4_1>(w, a)
             }
 
             /// Per-block integer sums S of a Q8_0/Q4_0/Q4_1 row (planes combined), exactly as
@@ -776,9 +1095,9 @@ macro_rules! kernels {
                     out.extend([sa as i64, sb as i64]);
                 };
                 match ty {
-                    QuantType::Q8_0 => for_pairs::<A, Q8_0>(w, a, |k, p, _| push(k, p)),
-                    QuantType::Q4_0 => for_pairs::<A, Q4_0>(w, a, |k, p, _| push(k, p)),
-                    QuantType::Q4_1 => for_pairs::<A, Q4_1>(w, a, |k, p, _| push(k, p)),
+                    QuantType::Q8_0 => for_pairs1::<A, Q8_0>(w, a, |k, p, _| push(k, p)),
+                    QuantType::Q4_0 => for_pairs1::<A, Q4_0>(w, a, |k, p, _| push(k, p)),
+                    QuantType::Q4_1 => for_pairs1::<A, Q4_1>(w, a, |k, p, _| push(k, p)),
                     _ => panic!("isums32: {ty} is not a 32-block type"),
                 }
                 out.truncate(w.len() / ty.type_size());
@@ -789,10 +1108,28 @@ macro_rules! kernels {
     };
 }
 
+/// The weight half of a 32-block pair kernel, unpacked once per pair and shared by every
+/// activation row of a tile (see `wpair` / `apair` in [`kernels`]).
+#[derive(Clone, Copy)]
+struct WPair {
+    /// The u8 vectors of values 0..16 (low 128 bits: block A, high: block B) and 16..32.
+    lo: __m256i,
+    hi: __m256i,
+    /// Q8_0 on AVX2: the signed weight vectors, applied to the activations (`sign_epi8`).
+    signs: Option<(__m256i, __m256i)>,
+    /// The blocks' f16 fields as f32, `[A0, A1, B0, B1]`.
+    sc: __m128,
+}
+
 /// Pair-kernel type tags (const generic).
 const Q8_0: u8 = 0;
 const Q4_0: u8 = 1;
 const Q4_1: u8 = 2;
+
+/// K-quant type tags (const generic).
+const Q4_K: u8 = 3;
+const Q5_K: u8 = 4;
+const Q6_K: u8 = 5;
 
 /// Block bytes of a pair-kernel type tag.
 const fn ts32(ty: u8) -> usize {
@@ -811,20 +1148,21 @@ fn combine<A: Act256>(a: &A, s: i32, r: i32) -> i64 {
     }
 }
 
-kernels!(avx2, "avx2,fma,f16c", dp_avx2, false, {
+kernels!(avx2, "avx2,fma,f16c", dp_avx2, false, 2, {
     kquants!("avx2,fma,f16c", dpw_avx2, false);
 });
 // AVX-VNNI machines have 16 vector registers, like AVX2: their K-quants run the AVX2 code, which
 // spilled less than a `vpdpwssd` build of the same loops (measured: the int8 Q5_K loop of that
 // build spilled 5 registers per block, the AVX2 one none).
-kernels!(avxvnni, "avx2,fma,f16c,avxvnni", dp_avxvnni, true, {
-    pub use super::avx2::{dot_q6_k, dot_q45_k, isums256};
+kernels!(avxvnni, "avx2,fma,f16c,avxvnni", dp_avxvnni, true, 2, {
+    pub use super::avx2::{dot_block256, dot_q6_k, dot_q45_k, isums256};
 });
 kernels!(
     avx512vnni,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
     dp_avx512vnni,
     true,
+    4,
     {
         kquants!(
             "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
