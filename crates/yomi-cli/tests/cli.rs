@@ -83,6 +83,22 @@ fn rewrite_weights(
 
 #[test]
 fn run_json_reproduces_the_reference_greedy_ids() {
+    run_json_matches_reference(&fixture("qwen35-tiny"));
+}
+
+/// The same through llama.cpp's qwen35 GGUF of the fixture (f32, tests/data/qwen35-tiny-gguf):
+/// its tokenizer, template and weights give the reference's ids.
+#[test]
+fn qwen35_gguf_run_json_reproduces_the_reference_greedy_ids() {
+    run_json_matches_reference(
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/data/qwen35-tiny-gguf/qwen35-tiny-f32.gguf"),
+    );
+}
+
+/// `yomi run --raw --json` on the qwen35-tiny prompt with `model` gives the reference's prompt
+/// and greedy ids, and the stats.
+fn run_json_matches_reference(model: &Path) {
     let dir = fixture("qwen35-tiny");
     let reference: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
@@ -91,7 +107,7 @@ fn run_json_reproduces_the_reference_greedy_ids() {
     let out = yomi(&[
         "run",
         "--model",
-        dir.to_str().unwrap(),
+        model.to_str().unwrap(),
         "--raw",
         "-m",
         prompt,

@@ -76,6 +76,9 @@ fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
     };
     const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    // Qwen3.5's tokenizer.json regex (llama.cpp's `qwen35` pre-tokenizer): Qwen2's, except
+    // that combining marks (\p{M}) count as part of a word, so "e" + U+0301 stays one piece.
+    const QWEN35: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     Ok(match pre {
         // GPT-2 byte-level pattern, digits split one by one.
         "smollm" | "starcoder" | "refact" | "codeshell" | "command-r" => {
@@ -88,11 +91,14 @@ fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
         "llama3" | "llama-bpe" | "smaug-bpe" | "falcon3" => {
             PreTokenizerWrapper::Sequence(Sequence::new(vec![split(LLAMA3)?, byte_level(false)]))
         }
-        "qwen2" | "qwen35" | "deepseek-r1-qwen" => {
+        "qwen2" | "deepseek-r1-qwen" => {
             PreTokenizerWrapper::Sequence(Sequence::new(vec![split(QWEN2)?, byte_level(false)]))
         }
+        "qwen35" => {
+            PreTokenizerWrapper::Sequence(Sequence::new(vec![split(QWEN35)?, byte_level(false)]))
+        }
         other => bail!(
-            "unsupported GGUF pre-tokenizer `{other}` (supported: smollm, gpt2, llama3, qwen2 families)"
+            "unsupported GGUF pre-tokenizer `{other}` (supported: smollm, gpt2, llama3, qwen2, qwen35 families)"
         ),
     })
 }
@@ -146,4 +152,31 @@ pub(crate) fn tokenizer_from_gguf(f: &GgufFile) -> Result<TextTokenizer> {
             .map_err(|e| anyhow!("cannot add special tokens: {e}"))?;
     }
     Ok(TextTokenizer::from_tokenizer(tok))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pre_tokenizer;
+    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+
+    fn pieces(pre: &str, text: &str) -> Vec<String> {
+        let mut s = PreTokenizedString::from(text);
+        pre_tokenizer(pre).unwrap().pre_tokenize(&mut s).unwrap();
+        s.get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(p, _, _)| p.to_string())
+            .collect()
+    }
+
+    /// `qwen35` is Qwen3.5's own regex, not Qwen2's: a combining mark stays in its word.
+    #[test]
+    fn qwen35_keeps_combining_marks_in_words() {
+        let text = "cafe\u{301} ok";
+        let q35 = pieces("qwen35", text);
+        let q2 = pieces("qwen2", text);
+        assert_eq!(q35.len(), 2, "{q35:?}");
+        assert!(q2.len() > q35.len(), "{q2:?}");
+        // Both agree where there are no marks.
+        assert_eq!(pieces("qwen35", "x = 12;\n"), pieces("qwen2", "x = 12;\n"));
+    }
 }

@@ -290,15 +290,6 @@ impl ModelConfig {
                 value_head_dim: get_usize(text, "linear_value_head_dim")?.unwrap_or(128),
                 conv_kernel: get_usize(text, "linear_conv_kernel_dim")?.unwrap_or(4),
             };
-            if gdn.num_key_heads == 0 || !gdn.num_value_heads.is_multiple_of(gdn.num_key_heads) {
-                bail!("linear_num_value_heads must be a multiple of linear_num_key_heads");
-            }
-            if !(2..=8).contains(&gdn.conv_kernel) {
-                bail!(
-                    "linear_conv_kernel_dim {} is outside 2..=8",
-                    gdn.conv_kernel
-                );
-            }
             (kinds, Some(gdn))
         } else {
             (vec![LayerKind::Attention; n_layers], None)
@@ -358,6 +349,40 @@ impl ModelConfig {
                 self.num_heads,
                 self.num_kv_heads
             );
+        }
+        if let Some(gdn) = &self.gdn {
+            // Shared by config.json and GGUF metadata (ssm.group_count / ssm.time_step_rank /
+            // ssm.conv_kernel), hence both names.
+            if gdn.num_key_heads == 0
+                || gdn.num_value_heads == 0
+                || !gdn.num_value_heads.is_multiple_of(gdn.num_key_heads)
+            {
+                bail!(
+                    "GDN value heads ({}; linear_num_value_heads / ssm.time_step_rank) must be a \
+                     positive multiple of the key heads ({}; linear_num_key_heads / ssm.group_count)",
+                    gdn.num_value_heads,
+                    gdn.num_key_heads
+                );
+            }
+            if !(2..=8).contains(&gdn.conv_kernel) {
+                bail!(
+                    "GDN conv kernel {} (linear_conv_kernel_dim / ssm.conv_kernel) is outside 2..=8",
+                    gdn.conv_kernel
+                );
+            }
+            if gdn.key_head_dim == 0 || gdn.value_head_dim == 0 {
+                bail!("GDN key and value head dims must be > 0");
+            }
+        }
+        if self.layer_kinds.len() != self.num_layers {
+            bail!(
+                "{} layer kinds for {} layers",
+                self.layer_kinds.len(),
+                self.num_layers
+            );
+        }
+        if self.layer_kinds.contains(&LayerKind::GatedDeltaNet) && self.gdn.is_none() {
+            bail!("Gated DeltaNet layers need GDN sizes");
         }
         if !self.rotary_dim.is_multiple_of(2) || self.rotary_dim > self.head_dim {
             bail!(

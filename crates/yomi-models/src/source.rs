@@ -21,4 +21,11 @@ pub trait WeightSource {
     /// The effective weight of a zero-centred `(1 + w)` RMSNorm (Qwen3.5): HF stores w, GGUF
     /// stores 1 + w already.
     fn norm_plus_one(&self, name: &str, len: usize) -> Result<Vec<f32>>;
+
+    /// −exp(A_log) of a Gated DeltaNet layer, given the HF name of its `A_log` [len]. HF stores
+    /// A_log; GGUF stores the already negated exponential (`ssm_a`), so the default reads A_log
+    /// and a source that holds the transformed value overrides this.
+    fn gdn_neg_exp_a(&self, a_log: &str, len: usize) -> Result<Vec<f32>> {
+        Ok(self.vector(a_log, len)?.iter().map(|x| -x.exp()).collect())
+    }
 }

@@ -27,7 +27,7 @@
 
 mod parse;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::borrow::Cow;
 use std::collections::HashMap;

@@ -84,13 +84,13 @@ fn put_value(o: &mut Vec<u8>, v: &GgufValue) {
     }
 }
 
-struct Spec {
-    name: String,
-    ne: Vec<u64>,
-    type_id: u32,
-    data: Vec<u8>,
+pub(crate) struct Spec {
+    pub(crate) name: String,
+    pub(crate) ne: Vec<u64>,
+    pub(crate) type_id: u32,
+    pub(crate) data: Vec<u8>,
     /// Stored offset override (default: packed, aligned).
-    offset: Option<u64>,
+    pub(crate) offset: Option<u64>,
 }
 
 fn spec(name: &str, ne: &[u64], ty: TensorType, seed: u8) -> Spec {
@@ -108,7 +108,12 @@ fn spec(name: &str, ne: &[u64], ty: TensorType, seed: u8) -> Spec {
 }
 
 /// A GGUF image: header, metadata, tensor infos, padding to `alignment`, data.
-fn build(version: u32, kvs: &[(&str, GgufValue)], tensors: &[Spec], alignment: usize) -> Vec<u8> {
+pub(crate) fn build(
+    version: u32,
+    kvs: &[(&str, GgufValue)],
+    tensors: &[Spec],
+    alignment: usize,
+) -> Vec<u8> {
     let mut o = b"GGUF".to_vec();
     o.extend(version.to_le_bytes());
     o.extend((tensors.len() as u64).to_le_bytes());

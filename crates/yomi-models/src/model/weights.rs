@@ -258,7 +258,6 @@ fn load_gdn(cfg: &ModelConfig, src: &dyn WeightSource, p: &str) -> Result<GdnWei
         .context("a Gated DeltaNet layer needs the linear_* config fields")?;
     let h = cfg.hidden_size;
     let (c, hv, k) = (g.conv_dim(), g.num_value_heads, g.conv_kernel);
-    let a_log = src.vector(&format!("{p}.linear_attn.A_log"), hv)?;
     Ok(GdnWeights {
         qkv: src.matrix(&format!("{p}.linear_attn.in_proj_qkv.weight"), c, h)?,
         z: src.matrix(
@@ -269,7 +268,7 @@ fn load_gdn(cfg: &ModelConfig, src: &dyn WeightSource, p: &str) -> Result<GdnWei
         b: src.matrix(&format!("{p}.linear_attn.in_proj_b.weight"), hv, h)?,
         a: src.matrix(&format!("{p}.linear_attn.in_proj_a.weight"), hv, h)?,
         conv: src.tensor_f32(&format!("{p}.linear_attn.conv1d.weight"), &[c, 1, k])?,
-        neg_exp_a: a_log.iter().map(|x| -x.exp()).collect(),
+        neg_exp_a: src.gdn_neg_exp_a(&format!("{p}.linear_attn.A_log"), hv)?,
         dt_bias: src.vector(&format!("{p}.linear_attn.dt_bias"), hv)?,
         norm: src.vector(&format!("{p}.linear_attn.norm.weight"), g.value_head_dim)?,
         out: src.matrix(
