@@ -153,3 +153,54 @@ extern "C" __global__ void kv_store_f32(const float* __restrict__ src, float* __
     if (row >= capacity) return;
     cache[row * stride + idx % stride] = src[idx];
 }
+
+// ---------------------------------------------------------------------------------------------
+// Column split of a fused projection: src [n, total] (per row: piece 0, piece 1, … side by side,
+// as one GEMV over row-concatenated weights writes them) into up to four contiguous
+// destinations [n, width_p]. Piece p covers columns [off_p, off_p + width_p); a null dst skips
+// it. One thread per (row, column).
+extern "C" __global__ void split_cols_f32(const float* __restrict__ src, int n, int total,
+                                          float* d0, int o0, int w0, float* d1, int o1, int w1,
+                                          float* d2, int o2, int w2, float* d3, int o3, int w3) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)n * total) return;
+    const int r = (int)(idx / total), c = (int)(idx % total);
+    const float v = src[idx];
+    if (d0 && c >= o0 && c < o0 + w0) d0[(size_t)r * w0 + (c - o0)] = v;
+    else if (d1 && c >= o1 && c < o1 + w1) d1[(size_t)r * w1 + (c - o1)] = v;
+    else if (d2 && c >= o2 && c < o2 + w2) d2[(size_t)r * w2 + (c - o2)] = v;
+    else if (d3 && c >= o3 && c < o3 + w3) d3[(size_t)r * w3 + (c - o3)] = v;
+}
+
+// SwiGLU over a fused gate|up projection: gu [n, 2I] (per row: I gate values, then I up values)
+// → out [n, I] = silu(gate) · up. One thread per output value.
+extern "C" __global__ void swiglu_pair_f32(const float* __restrict__ gu, float* __restrict__ out,
+                                           int n, int inter) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)n * inter) return;
+    const long long r = idx / inter;
+    const int j = (int)(idx % inter);
+    const float g = gu[r * 2 * inter + j], u = gu[r * 2 * inter + inter + j];
+    out[idx] = g / (1.0f + expf(-g)) * u;
+}
+
+// Residual add then RMSNorm, per row of n values: h += y; x = h / sqrt(mean(h²) + eps) · w.
+// Grid (rows); block a multiple of 32 (the same sizes as rms_norm_f32, so the sums run in the
+// same order as the unfused pair).
+extern "C" __global__ void add_rms_norm_f32(float* __restrict__ h, const float* __restrict__ y,
+                                            const float* __restrict__ w, float* __restrict__ x,
+                                            int n, float eps) {
+    __shared__ float red[33];
+    float* hr = h + (size_t)blockIdx.x * n;
+    const float* yr = y + (size_t)blockIdx.x * n;
+    float* xr = x + (size_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = hr[i] + yr[i];
+        hr[i] = v;
+        ss += v * v;
+    }
+    ss = block_sum(ss, red);
+    const float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) xr[i] = hr[i] * r * w[i];
+}

@@ -390,4 +390,122 @@ impl CudaDevice {
                 .map_err(launch_err("kv_store_f32"))
         })
     }
+
+    /// Splits a fused projection src [n, total] into up to four contiguous pieces: `pieces[p]`
+    /// = (first column, destination [n, width]); the widths come from the destinations.
+    pub fn split_cols(
+        &self,
+        src: &impl DevicePtr<f32>,
+        n: usize,
+        pieces: &mut [(usize, &mut dyn DevicePtrMut<f32>)],
+    ) -> Result<()> {
+        ensure!(
+            n > 0 && src.len().is_multiple_of(n) && pieces.len() <= 4,
+            "split_cols: {} values for {n} rows, {} pieces (at most 4)",
+            src.len(),
+            pieces.len()
+        );
+        let total = src.len() / n;
+        let st = self.stream();
+        let mut args = [(0u64, 0i32, 0i32); 4];
+        for (slot, (off, dst)) in args.iter_mut().zip(pieces.iter_mut()) {
+            let w = dst.len() / n;
+            ensure!(
+                dst.len() == n * w && w > 0 && *off + w <= total,
+                "split_cols: piece at column {off} of width {w} does not fit {total} columns"
+            );
+            *slot = (
+                dst.device_ptr_mut(st).0,
+                as_i32(*off, "offset")?,
+                as_i32(w, "width")?,
+            );
+        }
+        let f = self.func(Module::Glue, "split_cols_f32")?;
+        let (n_i, t_i) = (as_i32(n, "n")?, as_i32(total, "total")?);
+        guard("split_cols", || {
+            let sp = dptr(src, st);
+            let mut b = st.launch_builder(&f);
+            b.arg(&sp).arg(&n_i).arg(&t_i);
+            for a in &args {
+                b.arg(&a.0).arg(&a.1).arg(&a.2);
+            }
+            // SAFETY: argument types match `split_cols_f32`; every piece fits its destination
+            // and the source's columns (checked above); unused pieces are null.
+            unsafe { b.launch(grid_1d((n * total) as u64)) }
+                .map(|_| ())
+                .map_err(launch_err("split_cols_f32"))
+        })
+    }
+
+    /// SwiGLU over a fused gate|up projection gu [n, 2·inter] (per row: inter gate values, then
+    /// inter up values) into out [n, inter].
+    pub fn swiglu_pair(
+        &self,
+        gu: &impl DevicePtr<f32>,
+        n: usize,
+        inter: usize,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        ensure!(
+            gu.len() == 2 * n * inter && out.len() == n * inter,
+            "swiglu_pair: gate|up has {} values, out {}, for [{n}, {inter}]",
+            gu.len(),
+            out.len()
+        );
+        if n * inter == 0 {
+            return Ok(());
+        }
+        let f = self.func(Module::Glue, "swiglu_pair_f32")?;
+        let (n_i, i_i) = (as_i32(n, "n")?, as_i32(inter, "inter")?);
+        guard("swiglu_pair", || {
+            let st = self.stream();
+            let (gp, op) = (dptr(gu, st), dptr_mut(out, st));
+            let mut b = st.launch_builder(&f);
+            b.arg(&gp).arg(&op).arg(&n_i).arg(&i_i);
+            // SAFETY: argument types match `swiglu_pair_f32`; lengths checked.
+            unsafe { b.launch(grid_1d((n * inter) as u64)) }
+                .map(|_| ())
+                .map_err(launch_err("swiglu_pair_f32"))
+        })
+    }
+
+    /// Residual add then RMSNorm per row of n = w.len() values: `h += y; x = norm(h) · w`.
+    pub fn add_rms_norm(
+        &self,
+        h: &mut impl DevicePtrMut<f32>,
+        y: &impl DevicePtr<f32>,
+        w: &CudaSlice<f32>,
+        eps: f32,
+        x: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        let n = w.len();
+        ensure!(
+            n > 0 && h.len().is_multiple_of(n) && y.len() == h.len() && x.len() == h.len(),
+            "add_rms_norm: h {} values, y {}, x {}, row {n}",
+            h.len(),
+            y.len(),
+            x.len()
+        );
+        let rows = h.len() / n;
+        if rows == 0 {
+            return Ok(());
+        }
+        let f = self.func(Module::Glue, "add_rms_norm_f32")?;
+        let n_i = as_i32(n, "n")?;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (if n >= 4096 { 512 } else { 256 }, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        guard("add_rms_norm", || {
+            let st = self.stream();
+            let (hp, yp, xp) = (dptr_mut(h, st), dptr(y, st), dptr_mut(x, st));
+            let mut b = st.launch_builder(&f);
+            b.arg(&hp).arg(&yp).arg(w).arg(&xp).arg(&n_i).arg(&eps);
+            // SAFETY: argument types match `add_rms_norm_f32`; lengths checked.
+            unsafe { b.launch(cfg) }
+                .map(|_| ())
+                .map_err(launch_err("add_rms_norm_f32"))
+        })
+    }
 }

@@ -100,6 +100,9 @@ impl Module {
                 "rms_norm_gated_f32",
                 "gather_rows_f32",
                 "kv_store_f32",
+                "split_cols_f32",
+                "swiglu_pair_f32",
+                "add_rms_norm_f32",
             ]
             .map(String::from)
             .to_vec(),

@@ -251,7 +251,7 @@ pub(crate) fn dptr<T>(s: &(impl DevicePtr<T> + ?Sized), stream: &CudaStream) -> 
 }
 
 /// [`dptr`] for a buffer or view the kernel writes.
-pub(crate) fn dptr_mut<T>(s: &mut impl DevicePtrMut<T>, stream: &CudaStream) -> u64 {
+pub(crate) fn dptr_mut<T>(s: &mut (impl DevicePtrMut<T> + ?Sized), stream: &CudaStream) -> u64 {
     s.device_ptr_mut(stream).0
 }
 
@@ -423,7 +423,7 @@ impl CudaDevice {
         t: usize,
         w: &DeviceMatrix,
         bias: Option<&CudaSlice<f32>>,
-        out: &mut impl DevicePtrMut<f32>,
+        out: &mut (impl DevicePtrMut<f32> + ?Sized),
     ) -> Result<()> {
         self.linear_variant(x, t, w, bias, out, None)
     }
@@ -435,7 +435,7 @@ impl CudaDevice {
         t: usize,
         w: &DeviceMatrix,
         bias: Option<&CudaSlice<f32>>,
-        out: &mut impl DevicePtrMut<f32>,
+        out: &mut (impl DevicePtrMut<f32> + ?Sized),
         variant: Option<GemvKernel>,
     ) -> Result<()> {
         let (n, k) = (w.rows, w.cols);

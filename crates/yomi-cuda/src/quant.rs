@@ -467,7 +467,7 @@ impl CudaDevice {
         w: &DeviceMatrix,
         q: &QuantWeights,
         bias: Option<&CudaSlice<f32>>,
-        out: &mut impl DevicePtrMut<f32>,
+        out: &mut (impl DevicePtrMut<f32> + ?Sized),
         name: &str,
         rows_per_warp: usize,
     ) -> Result<()> {

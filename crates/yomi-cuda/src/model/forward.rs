@@ -16,9 +16,11 @@ use yomi_models::LogitRows;
 
 use super::CudaModel;
 use super::state::{CudaState, DevLayerState, MAX_ROWS};
-use super::weights::{DevAttn, DevGdn, DevMixer};
+use super::weights::{DevAttn, DevGdn, DevMixer, Proj};
+use crate::CudaDevice;
 use crate::attention::AttnDims;
 use crate::ops::GdnDeviceRows;
+use cudarc::driver::{DevicePtr, DevicePtrMut};
 use yomi_core::GdnShape;
 
 /// The GDN q/k l2-norm epsilon (inside the root), as on the CPU.
@@ -35,6 +37,51 @@ struct Sub {
     n: usize,
     /// The pass is a chain.
     chain: bool,
+}
+
+/// Runs the projections `p` of x [n, in] into `dests` (one per piece, [n, rows of the piece]):
+/// one GEMV into `scratch` and a column split when fused, else one GEMV per piece.
+fn project(
+    dev: &CudaDevice,
+    p: &Proj,
+    x: &impl DevicePtr<f32>,
+    n: usize,
+    scratch: &mut CudaSlice<f32>,
+    dests: &mut [&mut dyn DevicePtrMut<f32>],
+) -> Result<()> {
+    match p {
+        Proj::Fused { w, bias, widths } => {
+            if widths.len() != dests.len() {
+                bail!(
+                    "{} projection outputs for {} pieces",
+                    dests.len(),
+                    widths.len()
+                );
+            }
+            let total = w.rows;
+            dev.linear(x, n, w, bias.as_ref(), &mut scratch.slice_mut(0..n * total))?;
+            let mut off = 0;
+            let mut pieces: Vec<(usize, &mut dyn DevicePtrMut<f32>)> = Vec::with_capacity(4);
+            for (d, &wd) in dests.iter_mut().zip(widths) {
+                pieces.push((off, &mut **d));
+                off += wd;
+            }
+            dev.split_cols(&scratch.slice(0..n * total), n, &mut pieces)?;
+        }
+        Proj::Split(parts) => {
+            if parts.len() != dests.len() {
+                bail!(
+                    "{} projection outputs for {} pieces",
+                    dests.len(),
+                    parts.len()
+                );
+            }
+            for ((m, bias), d) in parts.iter().zip(dests.iter_mut()) {
+                dev.linear(x, n, m, bias.as_ref(), &mut **d)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn which_code(w: LogitRows) -> u8 {
@@ -239,14 +286,16 @@ impl CudaModel {
             &st.buf.ids.slice(0..n),
             &mut st.buf.h.slice_mut(0..n * h_sz),
         )?;
-        for (li, layer) in w.layers.iter().enumerate() {
+        if let Some(first) = w.layers.first() {
             let b = &mut st.buf;
             dev.rms_norm(
                 &b.h.slice(0..n * h_sz),
-                &layer.input_norm,
+                &first.input_norm,
                 eps,
                 &mut b.x.slice_mut(0..n * h_sz),
             )?;
+        }
+        for (li, layer) in w.layers.iter().enumerate() {
             match (&layer.mixer, &mut st.layers[li]) {
                 (DevMixer::Attention(aw), DevLayerState::Attention { k, v }) => {
                     self.attention(aw, k, v, st.capacity, &mut st.buf, sub)?
@@ -257,27 +306,47 @@ impl CudaModel {
                 _ => bail!("layer {li}: device state kind does not match the weights"),
             }
             let b = &mut st.buf;
-            dev.add_inplace(&mut b.h.slice_mut(0..n * h_sz), &b.y.slice(0..n * h_sz))?;
-            dev.rms_norm(
-                &b.h.slice(0..n * h_sz),
+            // h += mixer output; x = post-norm(h), in one kernel.
+            dev.add_rms_norm(
+                &mut b.h.slice_mut(0..n * h_sz),
+                &b.y.slice(0..n * h_sz),
                 &layer.post_norm,
                 eps,
                 &mut b.x.slice_mut(0..n * h_sz),
             )?;
             let i_sz = cfg.intermediate_size;
             let x = b.x.slice(0..n * h_sz);
-            dev.linear(
-                &x,
-                n,
-                &layer.gate,
-                None,
-                &mut b.mlp_g.slice_mut(0..n * i_sz),
-            )?;
-            dev.linear(&x, n, &layer.up, None, &mut b.mlp_u.slice_mut(0..n * i_sz))?;
-            dev.swiglu(
-                &mut b.mlp_g.slice_mut(0..n * i_sz),
-                &b.mlp_u.slice(0..n * i_sz),
-            )?;
+            match &layer.gate_up {
+                Proj::Fused { w: gu, .. } => {
+                    dev.linear(&x, n, gu, None, &mut b.proj.slice_mut(0..n * 2 * i_sz))?;
+                    dev.swiglu_pair(
+                        &b.proj.slice(0..n * 2 * i_sz),
+                        n,
+                        i_sz,
+                        &mut b.mlp_g.slice_mut(0..n * i_sz),
+                    )?;
+                }
+                Proj::Split(parts) => {
+                    dev.linear(
+                        &x,
+                        n,
+                        &parts[0].0,
+                        None,
+                        &mut b.mlp_g.slice_mut(0..n * i_sz),
+                    )?;
+                    dev.linear(
+                        &x,
+                        n,
+                        &parts[1].0,
+                        None,
+                        &mut b.mlp_u.slice_mut(0..n * i_sz),
+                    )?;
+                    dev.swiglu(
+                        &mut b.mlp_g.slice_mut(0..n * i_sz),
+                        &b.mlp_u.slice(0..n * i_sz),
+                    )?;
+                }
+            }
             dev.linear(
                 &b.mlp_g.slice(0..n * i_sz),
                 n,
@@ -285,7 +354,20 @@ impl CudaModel {
                 None,
                 &mut b.y.slice_mut(0..n * h_sz),
             )?;
-            dev.add_inplace(&mut b.h.slice_mut(0..n * h_sz), &b.y.slice(0..n * h_sz))?;
+            // h += MLP output; x = the next layer's input norm of h (the last layer's sum is
+            // normed by the final norm below, on the rows that need logits).
+            match w.layers.get(li + 1) {
+                Some(next) => dev.add_rms_norm(
+                    &mut b.h.slice_mut(0..n * h_sz),
+                    &b.y.slice(0..n * h_sz),
+                    &next.input_norm,
+                    eps,
+                    &mut b.x.slice_mut(0..n * h_sz),
+                )?,
+                None => {
+                    dev.add_inplace(&mut b.h.slice_mut(0..n * h_sz), &b.y.slice(0..n * h_sz))?
+                }
+            }
         }
         // Final norm and LM head on the rows whose logits are wanted.
         let (r0, k) = match which {
@@ -326,32 +408,23 @@ impl CudaModel {
         let n = sub.n;
         let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         let h_sz = cfg.hidden_size;
-        let x = b.x.slice(0..n * h_sz);
         let qn = n * nh * hd;
-        dev.linear(
-            &x,
-            n,
-            &w.q,
-            w.q_bias.as_ref(),
-            &mut b.qf.slice_mut(0..n * w.q.rows),
-        )?;
+        let qf_len = if cfg.attn_output_gate { 2 * qn } else { qn };
         // The pending rows' K/V are made in scratch, then stored after the committed rows by a
         // kernel that reads the committed length on the device (so a graph replays correctly).
         let stride = nkv * hd;
         let kv_rows = 0..n * stride;
-        dev.linear(
-            &x,
+        project(
+            dev,
+            &w.qkv,
+            &b.x.slice(0..n * h_sz),
             n,
-            &w.k,
-            w.k_bias.as_ref(),
-            &mut b.kb.slice_mut(kv_rows.clone()),
-        )?;
-        dev.linear(
-            &x,
-            n,
-            &w.v,
-            w.v_bias.as_ref(),
-            &mut b.vb.slice_mut(kv_rows.clone()),
+            &mut b.proj,
+            &mut [
+                &mut b.qf.slice_mut(0..qf_len),
+                &mut b.kb.slice_mut(kv_rows.clone()),
+                &mut b.vb.slice_mut(kv_rows.clone()),
+            ],
         )?;
         // q: its own buffer when gated (split from qf), else qf itself.
         let gated = cfg.attn_output_gate;
@@ -467,11 +540,19 @@ impl CudaModel {
         );
         let (c, kd, vd) = (g.conv_dim(), g.key_dim(), g.value_dim());
         let wl = (kc - 1) * c;
-        let x = b.x.slice(0..n * h_sz);
-        dev.linear(&x, n, &w.qkv, None, &mut b.gdn_m.slice_mut(0..n * c))?;
-        dev.linear(&x, n, &w.z, None, &mut b.gdn_z.slice_mut(0..n * vd))?;
-        dev.linear(&x, n, &w.b, None, &mut b.braw.slice_mut(0..n * hv))?;
-        dev.linear(&x, n, &w.a, None, &mut b.araw.slice_mut(0..n * hv))?;
+        project(
+            dev,
+            &w.in_proj,
+            &b.x.slice(0..n * h_sz),
+            n,
+            &mut b.proj,
+            &mut [
+                &mut b.gdn_m.slice_mut(0..n * c),
+                &mut b.gdn_z.slice_mut(0..n * vd),
+                &mut b.braw.slice_mut(0..n * hv),
+                &mut b.araw.slice_mut(0..n * hv),
+            ],
+        )?;
         // A later sub-pass of a chain starts from the previous sub-pass's last conv window.
         if sub.off > 0 {
             dev.copy(&pwin.slice((MAX_ROWS - 1) * wl..MAX_ROWS * wl), carry)?;

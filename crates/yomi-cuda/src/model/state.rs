@@ -58,6 +58,8 @@ pub(super) struct PassBuffers {
     /// Rows committed before the sub-pass (device scalar, read by the attention kernels).
     pub committed: CudaSlice<i32>,
     pub h: CudaSlice<f32>,
+    /// Output of a fused projection (qkv, GDN in_proj or gate|up), before its split.
+    pub proj: CudaSlice<f32>,
     /// This sub-pass's K and V rows before they are stored in the cache.
     pub kb: CudaSlice<f32>,
     pub vb: CudaSlice<f32>,
@@ -123,6 +125,16 @@ impl AccelState for CudaState {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
+}
+
+/// The widest fused projection output per row: attention q(+gate)|k|v, GDN qkv|z|b|a, gate|up.
+fn proj_width(cfg: &ModelConfig) -> usize {
+    let q = cfg.num_heads * cfg.head_dim * if cfg.attn_output_gate { 2 } else { 1 };
+    let attn = q + 2 * cfg.num_kv_heads * cfg.head_dim;
+    let gdn = cfg
+        .gdn
+        .map_or(0, |g| g.conv_dim() + g.value_dim() + 2 * g.num_value_heads);
+    attn.max(gdn).max(2 * cfg.intermediate_size)
 }
 
 impl CudaState {
@@ -195,6 +207,7 @@ impl CudaState {
             anc: dev.alloc_zeros::<u64>(R)?,
             committed: zi(1)?,
             h: z(R * h)?,
+            proj: z(R * proj_width(cfg))?,
             kb: z(R * cfg.num_kv_heads * cfg.head_dim)?,
             vb: z(R * cfg.num_kv_heads * cfg.head_dim)?,
             x: z(R * h)?,

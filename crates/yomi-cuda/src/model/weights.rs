@@ -12,24 +12,43 @@ use crate::device::CudaDevice;
 use crate::ops::{DeviceMatrix, WeightDtype};
 use crate::quant::QuantFormat;
 
+/// Projections of one input that run together: one matrix of their rows stacked when they are
+/// stored alike (one GEMV launch reads them all; its output rows are side by side per row),
+/// else one matrix each. Either way output row r of piece p is computed alike, so the results
+/// do not depend on the fusion.
+// A few per layer, built once: the variants' size difference does not matter.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Proj {
+    Fused {
+        w: DeviceMatrix,
+        bias: Option<CudaSlice<f32>>,
+        /// Output rows of each piece, in order.
+        widths: Vec<usize>,
+    },
+    Split(Vec<(DeviceMatrix, Option<CudaSlice<f32>>)>),
+}
+
+impl Proj {
+    fn bytes(&self) -> usize {
+        match self {
+            Proj::Fused { w, .. } => w.size_bytes(),
+            Proj::Split(v) => v.iter().map(|(m, _)| m.size_bytes()).sum(),
+        }
+    }
+}
+
 pub(super) struct DevAttn {
-    pub q: DeviceMatrix,
-    pub k: DeviceMatrix,
-    pub v: DeviceMatrix,
+    /// q (with the gate rows when gated), k, v.
+    pub qkv: Proj,
     pub o: DeviceMatrix,
-    pub q_bias: Option<CudaSlice<f32>>,
-    pub k_bias: Option<CudaSlice<f32>>,
-    pub v_bias: Option<CudaSlice<f32>>,
     pub o_bias: Option<CudaSlice<f32>>,
     pub q_norm: Option<CudaSlice<f32>>,
     pub k_norm: Option<CudaSlice<f32>>,
 }
 
 pub(super) struct DevGdn {
-    pub qkv: DeviceMatrix,
-    pub z: DeviceMatrix,
-    pub b: DeviceMatrix,
-    pub a: DeviceMatrix,
+    /// qkv (conv input), z, b, a.
+    pub in_proj: Proj,
     pub out: DeviceMatrix,
     /// [conv_dim, K]
     pub conv: CudaSlice<f32>,
@@ -47,8 +66,8 @@ pub(super) struct DevLayer {
     pub input_norm: CudaSlice<f32>,
     pub post_norm: CudaSlice<f32>,
     pub mixer: DevMixer,
-    pub gate: DeviceMatrix,
-    pub up: DeviceMatrix,
+    /// gate, up.
+    pub gate_up: Proj,
     pub down: DeviceMatrix,
 }
 
@@ -87,6 +106,96 @@ fn upload_matrix(dev: &CudaDevice, m: &Matrix) -> Result<DeviceMatrix> {
     })
 }
 
+/// The rows of `parts` stacked, when all are stored alike with the same width.
+fn stacked(parts: &[&Matrix]) -> Option<Matrix> {
+    let cols = parts[0].cols;
+    if parts.iter().any(|m| m.cols != cols) {
+        return None;
+    }
+    let rows = parts.iter().map(|m| m.rows).sum();
+    let data = match &parts[0].data {
+        WeightData::F32(_) => WeightData::F32(
+            parts
+                .iter()
+                .map(|m| match &m.data {
+                    WeightData::F32(v) => Some(v.as_slice()),
+                    _ => None,
+                })
+                .collect::<Option<Vec<_>>>()?
+                .concat(),
+        ),
+        WeightData::Bf16(_) | WeightData::F16(_) => {
+            let bf = matches!(parts[0].data, WeightData::Bf16(_));
+            let v = parts
+                .iter()
+                .map(|m| match &m.data {
+                    WeightData::Bf16(v) if bf => Some(v.as_slice()),
+                    WeightData::F16(v) if !bf => Some(v.as_slice()),
+                    _ => None,
+                })
+                .collect::<Option<Vec<_>>>()?
+                .concat();
+            if bf {
+                WeightData::Bf16(v)
+            } else {
+                WeightData::F16(v)
+            }
+        }
+        WeightData::Quant(q0) => {
+            let bytes = parts
+                .iter()
+                .map(|m| match &m.data {
+                    WeightData::Quant(q) if q.ty == q0.ty => Some(q.bytes.as_slice()),
+                    _ => None,
+                })
+                .collect::<Option<Vec<_>>>()?
+                .concat();
+            return Matrix::quantized(rows, cols, q0.ty, bytes).ok();
+        }
+    };
+    Some(Matrix::new(rows, cols, data))
+}
+
+/// Uploads projections of one input, stacked into one matrix when `fuse` and their storage
+/// allows (`YOMI_CUDA_FUSE=0` keeps them apart, for comparisons).
+fn upload_proj(
+    dev: &CudaDevice,
+    parts: &[(&Matrix, Option<&Vec<f32>>)],
+    fuse: bool,
+) -> Result<Proj> {
+    let mats: Vec<&Matrix> = parts.iter().map(|p| p.0).collect();
+    if fuse
+        && parts.len() > 1
+        && let Some(m) = stacked(&mats)
+    {
+        let bias = if parts.iter().any(|p| p.1.is_some()) {
+            let mut b = Vec::with_capacity(m.rows);
+            for (w, bias) in parts {
+                match bias {
+                    Some(v) => b.extend_from_slice(v),
+                    None => b.extend(std::iter::repeat_n(0.0, w.rows)),
+                }
+            }
+            Some(upload_vec(dev, &b)?)
+        } else {
+            None
+        };
+        return Ok(Proj::Fused {
+            w: upload_matrix(dev, &m)?,
+            bias,
+            widths: mats.iter().map(|m| m.rows).collect(),
+        });
+    }
+    let mut v = Vec::with_capacity(parts.len());
+    for (m, b) in parts {
+        v.push((
+            upload_matrix(dev, m)?,
+            b.map(|b| upload_vec(dev, b)).transpose()?,
+        ));
+    }
+    Ok(Proj::Split(v))
+}
+
 fn upload_vec(dev: &CudaDevice, v: &[f32]) -> Result<CudaSlice<f32>> {
     Ok(dev.upload(v)?)
 }
@@ -103,28 +212,33 @@ impl DevWeights {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
         let total = model.layers.len() + 2;
+        let fuse = std::env::var("YOMI_CUDA_FUSE").map_or(true, |v| v != "0");
         let embed = upload_matrix(dev, &model.embed).context("uploading the embedding")?;
         progress(1, total);
         let mut layers = Vec::with_capacity(model.layers.len());
         for (i, l) in model.layers.iter().enumerate() {
             let mixer = match &l.mixer {
                 Mixer::Attention(w) => DevMixer::Attention(DevAttn {
-                    q: upload_matrix(dev, &w.q)?,
-                    k: upload_matrix(dev, &w.k)?,
-                    v: upload_matrix(dev, &w.v)?,
+                    qkv: upload_proj(
+                        dev,
+                        &[
+                            (&w.q, w.q_bias.as_ref()),
+                            (&w.k, w.k_bias.as_ref()),
+                            (&w.v, w.v_bias.as_ref()),
+                        ],
+                        fuse,
+                    )?,
                     o: upload_matrix(dev, &w.o)?,
-                    q_bias: upload_opt(dev, &w.q_bias)?,
-                    k_bias: upload_opt(dev, &w.k_bias)?,
-                    v_bias: upload_opt(dev, &w.v_bias)?,
                     o_bias: upload_opt(dev, &w.o_bias)?,
                     q_norm: upload_opt(dev, &w.q_norm)?,
                     k_norm: upload_opt(dev, &w.k_norm)?,
                 }),
                 Mixer::Gdn(w) => DevMixer::Gdn(DevGdn {
-                    qkv: upload_matrix(dev, &w.qkv)?,
-                    z: upload_matrix(dev, &w.z)?,
-                    b: upload_matrix(dev, &w.b)?,
-                    a: upload_matrix(dev, &w.a)?,
+                    in_proj: upload_proj(
+                        dev,
+                        &[(&w.qkv, None), (&w.z, None), (&w.b, None), (&w.a, None)],
+                        fuse,
+                    )?,
                     out: upload_matrix(dev, &w.out)?,
                     conv: upload_vec(dev, &w.conv)?,
                     neg_exp_a: upload_vec(dev, &w.neg_exp_a)?,
@@ -136,8 +250,7 @@ impl DevWeights {
                 input_norm: upload_vec(dev, &l.input_norm)?,
                 post_norm: upload_vec(dev, &l.post_norm)?,
                 mixer,
-                gate: upload_matrix(dev, &l.mlp.gate)?,
-                up: upload_matrix(dev, &l.mlp.up)?,
+                gate_up: upload_proj(dev, &[(&l.mlp.gate, None), (&l.mlp.up, None)], fuse)?,
                 down: upload_matrix(dev, &l.mlp.down)?,
             });
             progress(i + 2, total);
@@ -163,18 +276,10 @@ impl DevWeights {
     pub fn matrix_bytes(&self) -> usize {
         let mut n = self.embed.size_bytes() + self.lm_head.as_ref().map_or(0, |m| m.size_bytes());
         for l in &self.layers {
-            n += l.gate.size_bytes() + l.up.size_bytes() + l.down.size_bytes();
+            n += l.gate_up.bytes() + l.down.size_bytes();
             n += match &l.mixer {
-                DevMixer::Attention(a) => {
-                    a.q.size_bytes() + a.k.size_bytes() + a.v.size_bytes() + a.o.size_bytes()
-                }
-                DevMixer::Gdn(g) => {
-                    g.qkv.size_bytes()
-                        + g.z.size_bytes()
-                        + g.b.size_bytes()
-                        + g.a.size_bytes()
-                        + g.out.size_bytes()
-                }
+                DevMixer::Attention(a) => a.qkv.bytes() + a.o.size_bytes(),
+                DevMixer::Gdn(g) => g.in_proj.bytes() + g.out.size_bytes(),
             };
         }
         n
