@@ -177,7 +177,7 @@ impl Accelerator for CudaModel {
 }
 
 /// Opens CUDA device `ordinal`, uploads `model`'s weights there and makes the model run its
-/// passes on it.
+/// passes on it; the host copies of the matrices are dropped.
 pub fn attach(
     model: &mut Model,
     ordinal: usize,
@@ -186,5 +186,6 @@ pub fn attach(
     let dev = Arc::new(CudaDevice::open(ordinal)?);
     let cm = CudaModel::upload(dev, model, progress)?;
     model.accel = Some(Arc::new(cm));
+    model.release_host_matrices();
     Ok(())
 }

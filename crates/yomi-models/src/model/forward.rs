@@ -129,6 +129,9 @@ impl Model {
             st.pending.active = true;
             return Ok(());
         }
+        if self.host_matrices_released {
+            bail!("this model's weights live on its device only; the CPU path cannot run it");
+        }
         let h_sz = cfg.hidden_size;
         let mut sc = std::mem::take(&mut st.scratch);
         {

@@ -1,8 +1,8 @@
 //! The weights of a model, validated for name and shape when they are loaded.
 
 use anyhow::{Context, Result};
-use yomi_cpu::Matrix;
 use yomi_cpu::rope::Rope;
+use yomi_cpu::{Matrix, WeightData};
 
 use crate::config::{Arch, LayerKind, ModelConfig};
 use crate::source::WeightSource;
@@ -72,6 +72,8 @@ pub struct Model {
     pub rope: Rope,
     /// The device backend that runs the passes, if any (see [`crate::accel`]).
     pub accel: Option<std::sync::Arc<dyn crate::accel::Accelerator>>,
+    /// The host copies of the matrices were dropped ([`Model::release_host_matrices`]).
+    pub host_matrices_released: bool,
 }
 
 impl Model {
@@ -131,6 +133,7 @@ impl Model {
             lm_head,
             rope,
             accel: None,
+            host_matrices_released: false,
         })
     }
 
@@ -163,6 +166,16 @@ impl Model {
             v.extend([&mut l.mlp.gate, &mut l.mlp.up, &mut l.mlp.down]);
         }
         v
+    }
+
+    /// Drops the host copies of the weight matrices once an accelerator holds them, so a model
+    /// on the GPU does not also keep its weights in RAM. The CPU path cannot run afterwards
+    /// (`forward` says so); norms, RoPE tables and the config stay.
+    pub fn release_host_matrices(&mut self) {
+        for m in self.matrices_mut() {
+            m.data = WeightData::F32(Vec::new());
+        }
+        self.host_matrices_released = true;
     }
 
     /// Converts every weight to f32 (the reference path for quantized models: the same
