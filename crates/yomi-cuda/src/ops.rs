@@ -463,7 +463,10 @@ impl CudaDevice {
             ensure!(b.len() == n, "linear: bias has {} values, not {n}", b.len());
         }
         let bucket = *BUCKETS.iter().find(|&&b| b >= t).expect("t ≤ 32");
-        let kern = variant.unwrap_or_else(|| default_kernel(w.dtype, bucket));
+        let kern = variant.unwrap_or_else(|| match w.dtype {
+            WeightDtype::Quant(_) => crate::quant::kernel_for(bucket, w.rows),
+            d => default_kernel(d, bucket),
+        });
         ensure!(
             gemv_variant(w.dtype, t).contains(&kern),
             "linear: no GEMV kernel {kern:?} for {} at T={t}",

@@ -404,6 +404,25 @@ pub(crate) fn default_kernel(bucket: usize) -> GemvKernel {
     GemvKernel::Simt { r, u }
 }
 
+/// The kernel for a matrix of `rows` output rows: small matrices (under 2048 rows, e.g. every
+/// SmolLM2 projection) take fewer rows per warp, so more blocks share the GPU. H200, 2026-11-30,
+/// Q4_1/Q8_0 at 576×576, 960×576, 576×1536 (bench/RESULTS.md): T = 1 (2, 2) 2.3–3.3 µs against
+/// 2.6–4.6 µs for (4, 1); T = 2, 4 (2, 2) 1.1–1.3× faster; T = 16 (2, 1) 1.2–1.4× faster. From
+/// 3072 rows on (4, 1) is as fast or faster.
+pub(crate) fn kernel_for(bucket: usize, rows: usize) -> GemvKernel {
+    if rows < 2048 {
+        let small = match bucket {
+            1 | 2 | 4 => GemvKernel::Simt { r: 2, u: 2 },
+            16 | 32 => GemvKernel::Simt { r: 2, u: 1 },
+            _ => return default_kernel(bucket),
+        };
+        if variants(bucket).contains(&small) {
+            return small;
+        }
+    }
+    default_kernel(bucket)
+}
+
 /// The quantized GEMV kernels for a bucket, the default first.
 pub(crate) fn variants(bucket: usize) -> Vec<GemvKernel> {
     let mut v = vec![default_kernel(bucket)];
@@ -837,6 +856,21 @@ mod tests {
                 std::fs::write(d.join("w"), wb).unwrap();
             }
         }
+    }
+
+    #[test]
+    fn small_matrices_take_an_existing_narrower_kernel() {
+        for b in [1, 2, 4, 8, 16, 32] {
+            for rows in [576, 960, 2047, 2048, 12288] {
+                let k = kernel_for(b, rows);
+                assert!(variants(b).contains(&k), "bucket {b}, {rows} rows: {k:?}");
+                if rows >= 2048 {
+                    assert_eq!(k, default_kernel(b));
+                }
+            }
+        }
+        assert_eq!(kernel_for(1, 576), GemvKernel::Simt { r: 2, u: 2 });
+        assert_eq!(kernel_for(16, 576), GemvKernel::Simt { r: 2, u: 1 });
     }
 
     #[test]

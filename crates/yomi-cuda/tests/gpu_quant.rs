@@ -24,6 +24,7 @@ mod common;
 use common::{Rng, time_ms};
 
 use cudarc::driver::CudaSlice;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use yomi_cpu::quant::{QuantType, dequantize_row, quantize_row};
 use yomi_cuda::{CudaDevice, DeviceMatrix, QuantFormat, WeightDtype, gemv_variant};
 
@@ -345,7 +346,18 @@ fn z_quant_gemv_timing() {
         {
             continue;
         }
-        for (rows, cols) in [(4096usize, 4096usize), (12288, 4096), (4096, 12288)] {
+        // `YOMI_QUANT_SHAPES=576x1536,1536x576` times other shapes (e.g. SmolLM2's).
+        let shapes: Vec<(usize, usize)> = match std::env::var("YOMI_QUANT_SHAPES") {
+            Ok(v) => v
+                .split(',')
+                .filter_map(|s| {
+                    let (a, b) = s.split_once('x')?;
+                    Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
+                })
+                .collect(),
+            Err(_) => vec![(4096, 4096), (12288, 4096), (4096, 12288)],
+        };
+        for (rows, cols) in shapes {
             let bytes = random_blocks(f, rows, cols, 3);
             let wbytes = bytes.len();
             let copies = (256usize << 20).div_ceil(wbytes).max(3);
@@ -360,12 +372,23 @@ fn z_quant_gemv_timing() {
                     .into_iter()
                     .enumerate()
                 {
-                    let per = time_ms(&d, 3, 30, || {
-                        for m in &mats {
-                            d.linear_variant(&xd, t, m, None, &mut out, Some(variant))
-                                .unwrap();
-                        }
-                    }) / copies as f64;
+                    // The launches are captured in a CUDA graph, as the model's passes are, so
+                    // a kernel of a few µs is timed rather than the host's launch rate.
+                    d.linear_variant(&xd, t, &mats[0], None, &mut out, Some(variant))
+                        .unwrap();
+                    let stream = d.stream().clone();
+                    stream
+                        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                        .unwrap();
+                    for m in &mats {
+                        d.linear_variant(&xd, t, m, None, &mut out, Some(variant))
+                            .unwrap();
+                    }
+                    let g = stream
+                        .end_capture(CUgraphInstantiate_flags(0))
+                        .unwrap()
+                        .expect("a graph");
+                    let per = time_ms(&d, 3, 30, || g.launch().unwrap()) / copies as f64;
                     let gbs = total / (per * 1e-3) / 1e9;
                     let tflops = 2.0 * (t * rows * cols) as f64 / (per * 1e-3) / 1e12;
                     println!(
