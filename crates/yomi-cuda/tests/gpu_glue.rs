@@ -1,0 +1,355 @@
+//! The whole-model glue ops (kernels/glue.cu) against their CPU twins on random inputs at
+//! Qwen3.5-9B shapes (hidden 4096, FFN 12288, attention 16/4 heads of 256 with the output gate,
+//! GDN 16 key / 32 value heads of 128, conv dim 8192, vocabulary rows of 4096 values). All
+//! `#[ignore]`d: they need a CUDA device. Outputs start as NaN, so an unwritten element fails.
+//!
+//! Tolerances: copies and gathers are exact; the element-wise and norm ops differ from the CPU
+//! only in `expf`/`log1pf`/`sqrtf` rounding and the order of a row's sum of squares, so
+//! max|Δ| ≤ 1e-5·max(1, max|cpu|).
+
+mod common;
+use common::{Rng, poisoned};
+
+use yomi_cpu::activation::{sigmoid, softplus, swiglu};
+use yomi_cpu::norm::{l2_norm_inplace, rms_norm, rms_norm_gated_inplace};
+use yomi_cuda::{CudaDevice, DeviceMatrix, WeightDtype};
+
+fn dev() -> CudaDevice {
+    CudaDevice::open(0).unwrap_or_else(|e| panic!("these tests need a CUDA device: {e}"))
+}
+
+/// max|gpu − cpu| and max|cpu|, after checking every GPU value is finite.
+fn diff(gpu: &[f32], cpu: &[f32]) -> (f32, f32) {
+    assert_eq!(gpu.len(), cpu.len());
+    let mut m = 0.0f32;
+    let mut r = 0.0f32;
+    for (g, c) in gpu.iter().zip(cpu) {
+        assert!(g.is_finite(), "non-finite GPU output (unwritten element?)");
+        m = m.max((g - c).abs());
+        r = r.max(c.abs());
+    }
+    (m, r)
+}
+
+fn check(op: &str, gpu: &[f32], cpu: &[f32]) {
+    let (m, r) = diff(gpu, cpu);
+    println!("RESULT glue {op}: max|Δ| {m:.2e} max|cpu| {r:.2e}");
+    assert!(m <= 1e-5 * r.max(1.0), "{op}: {m} (max|cpu| {r})");
+}
+
+fn exact(op: &str, gpu: &[f32], cpu: &[f32]) {
+    assert_eq!(gpu, cpu, "{op}: not bit-exact");
+    println!("RESULT glue {op}: bit-exact ({} values)", cpu.len());
+}
+
+const H: usize = 4096;
+const T: [usize; 3] = [1, 16, 32];
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn embed_add_and_fused_norm_match_cpu() {
+    let d = dev();
+    let mut r = Rng::new(11);
+    let vocab = 1000;
+    let table = r.vec(vocab * H, 1.0);
+    let bits: Vec<u16> = table
+        .iter()
+        .map(|v| half::bf16::from_f32(*v).to_bits())
+        .collect();
+    let wbf = DeviceMatrix::from_half_bits(&d, vocab, H, WeightDtype::Bf16, &bits).unwrap();
+    let wf = DeviceMatrix::from_f32(&d, vocab, H, &table).unwrap();
+    for t in T {
+        let ids: Vec<i32> = (0..t).map(|i| ((i * 379 + 7) % vocab) as i32).collect();
+        let idd = d.upload(&ids).unwrap();
+        let mut out = poisoned(&d, t * H);
+        d.embed(&wf, &idd, &mut out).unwrap();
+        let want: Vec<f32> = ids
+            .iter()
+            .flat_map(|&i| table[i as usize * H..(i as usize + 1) * H].iter().copied())
+            .collect();
+        exact(
+            &format!("embed f32 T={t}"),
+            &d.download(&out).unwrap(),
+            &want,
+        );
+        let mut out = poisoned(&d, t * H);
+        d.embed(&wbf, &idd, &mut out).unwrap();
+        let want_bf: Vec<f32> = ids
+            .iter()
+            .flat_map(|&i| {
+                bits[i as usize * H..(i as usize + 1) * H]
+                    .iter()
+                    .map(|b| half::bf16::from_bits(*b).to_f32())
+            })
+            .collect();
+        exact(
+            &format!("embed bf16 T={t}"),
+            &d.download(&out).unwrap(),
+            &want_bf,
+        );
+
+        // h += y, then x = rms_norm(h) · w, fused and unfused.
+        let h = r.vec(t * H, 3.0);
+        let y = r.vec(t * H, 3.0);
+        let w: Vec<f32> = r.vec(H, 0.5).iter().map(|v| 1.0 + v).collect();
+        let sum: Vec<f32> = h.iter().zip(&y).map(|(a, b)| a + b).collect();
+        let mut want_x = vec![0.0; t * H];
+        rms_norm(&sum, &w, 1e-6, &mut want_x);
+        let (mut hd, yd, wd) = (
+            d.upload(&h).unwrap(),
+            d.upload(&y).unwrap(),
+            d.upload(&w).unwrap(),
+        );
+        let mut xd = poisoned(&d, t * H);
+        d.add_rms_norm(&mut hd, &yd, &wd, 1e-6, &mut xd).unwrap();
+        exact(
+            &format!("add_rms_norm sum T={t}"),
+            &d.download(&hd).unwrap(),
+            &sum,
+        );
+        check(
+            &format!("add_rms_norm T={t}"),
+            &d.download(&xd).unwrap(),
+            &want_x,
+        );
+        let mut hd2 = d.upload(&h).unwrap();
+        d.add_inplace(&mut hd2, &yd).unwrap();
+        exact(&format!("add T={t}"), &d.download(&hd2).unwrap(), &sum);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn attention_glue_matches_cpu() {
+    let d = dev();
+    let mut r = Rng::new(12);
+    let (nh, nkv, hd) = (16, 4, 256);
+    for t in T {
+        // q|gate split per head.
+        let qf = r.vec(t * nh * 2 * hd, 2.0);
+        let (mut q_want, mut g_want) = (vec![0.0; t * nh * hd], vec![0.0; t * nh * hd]);
+        for i in 0..t * nh {
+            q_want[i * hd..(i + 1) * hd].copy_from_slice(&qf[i * 2 * hd..i * 2 * hd + hd]);
+            g_want[i * hd..(i + 1) * hd].copy_from_slice(&qf[i * 2 * hd + hd..(i + 1) * 2 * hd]);
+        }
+        let qfd = d.upload(&qf).unwrap();
+        let (mut qd, mut gd) = (poisoned(&d, t * nh * hd), poisoned(&d, t * nh * hd));
+        d.split_q_gate(&qfd, hd, &mut qd, &mut gd).unwrap();
+        exact(
+            &format!("split_q_gate q T={t}"),
+            &d.download(&qd).unwrap(),
+            &q_want,
+        );
+        exact(
+            &format!("split_q_gate gate T={t}"),
+            &d.download(&gd).unwrap(),
+            &g_want,
+        );
+        // Output gate.
+        let o = r.vec(t * nh * hd, 2.0);
+        let want: Vec<f32> = o
+            .iter()
+            .zip(&g_want)
+            .map(|(a, g)| a * sigmoid(*g))
+            .collect();
+        let mut od = d.upload(&o).unwrap();
+        d.sigmoid_mul(&mut od, &gd).unwrap();
+        check(
+            &format!("sigmoid_mul T={t}"),
+            &d.download(&od).unwrap(),
+            &want,
+        );
+        // K/V store after `committed` rows of a cache of 8192 + 64.
+        let stride = nkv * hd;
+        let cap = 8192 + 64;
+        for committed in [0usize, 5000, cap - t] {
+            let rows = r.vec(t * stride, 1.0);
+            let mut cache = d.upload(&vec![0.5f32; cap * stride]).unwrap();
+            let cd = d.upload(&[committed as i32]).unwrap();
+            d.kv_store(&d.upload(&rows).unwrap(), stride, &cd, &mut cache)
+                .unwrap();
+            let got = d.download(&cache).unwrap();
+            let mut want = vec![0.5f32; cap * stride];
+            want[committed * stride..(committed + t) * stride].copy_from_slice(&rows);
+            assert_eq!(got, want, "kv_store T={t} committed={committed}");
+        }
+        println!("RESULT glue kv_store T={t}: bit-exact at committed 0, 5000, capacity − T");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gdn_glue_matches_cpu() {
+    let d = dev();
+    let mut r = Rng::new(13);
+    let (hk, hv, dk, dv) = (16usize, 32usize, 128usize, 128usize);
+    let (kd, vd) = (hk * dk, hv * dv);
+    let c = 2 * kd + vd;
+    for t in T {
+        let mc = r.vec(t * c, 2.0);
+        let (mut q, mut k, mut v) = (vec![0.0; t * kd], vec![0.0; t * kd], vec![0.0; t * vd]);
+        for i in 0..t {
+            let row = &mc[i * c..(i + 1) * c];
+            q[i * kd..(i + 1) * kd].copy_from_slice(&row[..kd]);
+            k[i * kd..(i + 1) * kd].copy_from_slice(&row[kd..2 * kd]);
+            v[i * vd..(i + 1) * vd].copy_from_slice(&row[2 * kd..]);
+        }
+        l2_norm_inplace(&mut q, dk, 1e-6);
+        l2_norm_inplace(&mut k, dk, 1e-6);
+        let qs = 1.0 / (dk as f32).sqrt();
+        q.iter_mut().for_each(|x| *x *= qs);
+        let mcd = d.upload(&mc).unwrap();
+        let (mut qd, mut kd_, mut vd_) = (
+            poisoned(&d, t * kd),
+            poisoned(&d, t * kd),
+            poisoned(&d, t * vd),
+        );
+        d.gdn_split_qkv(&mcd, t, hk, dk, vd, qs, 1e-6, &mut qd, &mut kd_, &mut vd_)
+            .unwrap();
+        check(
+            &format!("gdn_split_qkv q T={t}"),
+            &d.download(&qd).unwrap(),
+            &q,
+        );
+        check(
+            &format!("gdn_split_qkv k T={t}"),
+            &d.download(&kd_).unwrap(),
+            &k,
+        );
+        exact(
+            &format!("gdn_split_qkv v T={t}"),
+            &d.download(&vd_).unwrap(),
+            &v,
+        );
+
+        // Decay and write strength, including a_raw past softplus's linear cut-off (20).
+        let braw = r.vec(t * hv, 6.0);
+        let araw: Vec<f32> = r.vec(t * hv, 30.0);
+        let neg_exp_a: Vec<f32> = r.vec(hv, 1.0).iter().map(|x| -(x.exp())).collect();
+        let dt_bias = r.vec(hv, 1.0);
+        let mut g_want = vec![0.0; t * hv];
+        let mut b_want = vec![0.0; t * hv];
+        for j in 0..t * hv {
+            let h = j % hv;
+            b_want[j] = sigmoid(braw[j]);
+            g_want[j] = neg_exp_a[h] * softplus(araw[j] + dt_bias[h]);
+        }
+        let (mut gd, mut bd) = (poisoned(&d, t * hv), poisoned(&d, t * hv));
+        d.gdn_gate_beta(
+            &d.upload(&braw).unwrap(),
+            &d.upload(&araw).unwrap(),
+            &d.upload(&neg_exp_a).unwrap(),
+            &d.upload(&dt_bias).unwrap(),
+            &mut gd,
+            &mut bd,
+        )
+        .unwrap();
+        check(
+            &format!("gdn_gate_beta g T={t}"),
+            &d.download(&gd).unwrap(),
+            &g_want,
+        );
+        check(
+            &format!("gdn_gate_beta beta T={t}"),
+            &d.download(&bd).unwrap(),
+            &b_want,
+        );
+
+        // Gated RMSNorm per value head.
+        let o = r.vec(t * vd, 2.0);
+        let z = r.vec(t * vd, 4.0);
+        let w: Vec<f32> = r.vec(dv, 0.3).iter().map(|x| 1.0 + x).collect();
+        let mut want = o.clone();
+        rms_norm_gated_inplace(&mut want, &z, &w, 1e-6);
+        let mut od = d.upload(&o).unwrap();
+        d.rms_norm_gated(
+            &mut od,
+            &d.upload(&z).unwrap(),
+            &d.upload(&w).unwrap(),
+            1e-6,
+        )
+        .unwrap();
+        check(
+            &format!("rms_norm_gated T={t}"),
+            &d.download(&od).unwrap(),
+            &want,
+        );
+
+        // Row gather of accepted rows (the commit replay's compaction).
+        let src = r.vec(t * kd, 1.0);
+        let idx: Vec<i32> = (0..t as i32).filter(|i| i % 3 != 1).collect();
+        let want: Vec<f32> = idx
+            .iter()
+            .flat_map(|&i| src[i as usize * kd..(i as usize + 1) * kd].iter().copied())
+            .collect();
+        let mut out = poisoned(&d, idx.len() * kd);
+        d.gather_rows(
+            &d.upload(&src).unwrap(),
+            &d.upload(&idx).unwrap(),
+            kd,
+            &mut out,
+        )
+        .unwrap();
+        exact(
+            &format!("gather_rows T={t}"),
+            &d.download(&out).unwrap(),
+            &want,
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn fused_projection_glue_matches_cpu() {
+    let d = dev();
+    let mut r = Rng::new(14);
+    let inter = 12288;
+    // GDN in_proj pieces: conv input, z, b, a.
+    let widths = [8192usize, 4096, 32, 32];
+    let total: usize = widths.iter().sum();
+    for t in T {
+        let src = r.vec(t * total, 1.0);
+        let sd = d.upload(&src).unwrap();
+        let mut outs: Vec<_> = widths.iter().map(|w| poisoned(&d, t * w)).collect();
+        {
+            let mut off = 0;
+            let mut pieces: Vec<(usize, &mut dyn cudarc::driver::DevicePtrMut<f32>)> = Vec::new();
+            for (o, w) in outs.iter_mut().zip(widths) {
+                pieces.push((off, o));
+                off += w;
+            }
+            d.split_cols(&sd, t, &mut pieces).unwrap();
+        }
+        let mut off = 0;
+        for (o, w) in outs.iter().zip(widths) {
+            let want: Vec<f32> = (0..t)
+                .flat_map(|i| src[i * total + off..i * total + off + w].iter().copied())
+                .collect();
+            assert_eq!(
+                d.download(o).unwrap(),
+                want,
+                "split_cols T={t} piece at {off}"
+            );
+            off += w;
+        }
+        println!("RESULT glue split_cols T={t}: 4 pieces bit-exact");
+
+        // SwiGLU over a fused gate|up row.
+        let gu = r.vec(t * 2 * inter, 6.0);
+        let mut want = vec![0.0; t * inter];
+        for i in 0..t {
+            let (g, u) = gu[i * 2 * inter..(i + 1) * 2 * inter].split_at(inter);
+            let mut gg = g.to_vec();
+            swiglu(&mut gg, u);
+            want[i * inter..(i + 1) * inter].copy_from_slice(&gg);
+        }
+        let mut out = poisoned(&d, t * inter);
+        d.swiglu_pair(&d.upload(&gu).unwrap(), t, inter, &mut out)
+            .unwrap();
+        check(
+            &format!("swiglu_pair T={t}"),
+            &d.download(&out).unwrap(),
+            &want,
+        );
+    }
+}
