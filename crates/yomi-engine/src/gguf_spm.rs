@@ -290,3 +290,233 @@ fn post_processor(v: &SpmVocab, bos: Option<u32>, eos: Option<u32>) -> Result<Te
         .build()
         .map_err(|e| anyhow!("cannot build the BOS/EOS post-processor: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::spm_tokenizer;
+    use yomi_models::gguf::{GgufArray, GgufFile, GgufValue};
+
+    /// A GGUF (v3, metadata only) holding `kvs`; enough for the tokenizer, which reads no
+    /// tensors.
+    fn gguf(kvs: &[(&str, GgufValue)]) -> GgufFile {
+        fn put_str(o: &mut Vec<u8>, s: &str) {
+            o.extend((s.len() as u64).to_le_bytes());
+            o.extend(s.as_bytes());
+        }
+        let mut o = b"GGUF".to_vec();
+        o.extend(3u32.to_le_bytes());
+        o.extend(0u64.to_le_bytes());
+        o.extend((kvs.len() as u64).to_le_bytes());
+        for (k, v) in kvs {
+            put_str(&mut o, k);
+            match v {
+                GgufValue::U32(x) => {
+                    o.extend(4u32.to_le_bytes());
+                    o.extend(x.to_le_bytes());
+                }
+                GgufValue::Bool(b) => {
+                    o.extend(7u32.to_le_bytes());
+                    o.push(*b as u8);
+                }
+                GgufValue::String(s) => {
+                    o.extend(8u32.to_le_bytes());
+                    put_str(&mut o, s);
+                }
+                GgufValue::Array(a) => {
+                    o.extend(9u32.to_le_bytes());
+                    match a {
+                        GgufArray::I32(v) => {
+                            o.extend(5u32.to_le_bytes());
+                            o.extend((v.len() as u64).to_le_bytes());
+                            v.iter().for_each(|x| o.extend(x.to_le_bytes()));
+                        }
+                        GgufArray::F32(v) => {
+                            o.extend(6u32.to_le_bytes());
+                            o.extend((v.len() as u64).to_le_bytes());
+                            v.iter().for_each(|x| o.extend(x.to_le_bytes()));
+                        }
+                        GgufArray::String(v) => {
+                            o.extend(8u32.to_le_bytes());
+                            o.extend((v.len() as u64).to_le_bytes());
+                            v.iter().for_each(|s| put_str(&mut o, s));
+                        }
+                        other => panic!("test writer: no array {other:?}"),
+                    }
+                }
+                other => panic!("test writer: no value {other:?}"),
+            }
+        }
+        GgufFile::from_bytes(o).expect("test GGUF parses")
+    }
+
+    /// A small SentencePiece-style vocabulary as llama.cpp's converter lays it out: <unk>,
+    /// <s>, </s>, the 256 byte tokens, then normal pieces with descending scores, and one
+    /// user-defined token.
+    fn vocab() -> Vec<(&'static str, GgufValue)> {
+        let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+        let mut types = vec![2, 3, 3];
+        for b in 0..=255u8 {
+            tokens.push(format!("<0x{b:02X}>"));
+            types.push(6);
+        }
+        for p in ["▁", "h", "i", "▁h", "▁hi", "<tool>"] {
+            tokens.push(p.into());
+            types.push(if p == "<tool>" { 4 } else { 1 });
+        }
+        let scores: Vec<f32> = (0..tokens.len()).map(|i| -(i as f32)).collect();
+        vec![
+            ("tokenizer.ggml.model", GgufValue::String("llama".into())),
+            (
+                "tokenizer.ggml.tokens",
+                GgufValue::Array(GgufArray::String(tokens)),
+            ),
+            (
+                "tokenizer.ggml.scores",
+                GgufValue::Array(GgufArray::F32(scores)),
+            ),
+            (
+                "tokenizer.ggml.token_type",
+                GgufValue::Array(GgufArray::I32(types)),
+            ),
+            ("tokenizer.ggml.bos_token_id", GgufValue::U32(1)),
+            ("tokenizer.ggml.eos_token_id", GgufValue::U32(2)),
+            ("tokenizer.ggml.add_bos_token", GgufValue::Bool(true)),
+        ]
+    }
+
+    fn with(key: &str, value: Option<GgufValue>) -> GgufFile {
+        let mut kvs = vocab();
+        kvs.retain(|(k, _)| *k != key);
+        if let Some(v) = value {
+            let key: &'static str = Box::leak(key.to_string().into_boxed_str());
+            kvs.push((key, v));
+        }
+        gguf(&kvs)
+    }
+
+    fn error(f: &GgufFile, want: &str) -> String {
+        match spm_tokenizer(f) {
+            Ok(_) => panic!("malformed vocabulary accepted (expected an error with {want:?})"),
+            Err(e) => format!("{e:#}"),
+        }
+    }
+
+    #[test]
+    fn builds_from_the_metadata_alone() {
+        let t = spm_tokenizer(&gguf(&vocab())).unwrap();
+        let id = |s: &str| t.token_to_id(s).unwrap();
+        // " hi" → "▁▁hi": the prefix space, then the best-scored merges.
+        assert_eq!(t.encode(" hi", false).unwrap(), [id("▁"), id("▁hi")]);
+        assert_eq!(t.encode("hi", true).unwrap(), [1, id("▁hi")]);
+        // "x" is no piece: byte fallback. The user-defined token is matched whole, and the
+        // text after it gets its own prefix space, as in llama.cpp.
+        assert_eq!(
+            t.encode("x<tool>hi", false).unwrap(),
+            [id("▁"), id("<0x78>"), id("<tool>"), id("▁hi")]
+        );
+        assert_eq!(
+            t.decode(&[1, id("▁hi"), id("<0x78>")], true).unwrap(),
+            "hix"
+        );
+
+        // add_bos_token = false and add_space_prefix = false are obeyed.
+        let mut kvs = vocab();
+        kvs.retain(|(k, _)| *k != "tokenizer.ggml.add_bos_token");
+        kvs.push(("tokenizer.ggml.add_bos_token", GgufValue::Bool(false)));
+        kvs.push(("tokenizer.ggml.add_space_prefix", GgufValue::Bool(false)));
+        let t = spm_tokenizer(&gguf(&kvs)).unwrap();
+        assert_eq!(t.encode("hi", true).unwrap(), [id("h"), id("i")]);
+        assert_eq!(t.decode(&[id("▁hi")], false).unwrap(), " hi");
+    }
+
+    #[test]
+    fn malformed_metadata_is_a_clear_error() {
+        let n = match &vocab()[1].1 {
+            GgufValue::Array(a) => a.len(),
+            _ => unreachable!(),
+        };
+        let cases: Vec<(GgufFile, &str)> = vec![
+            (
+                with("tokenizer.ggml.scores", None),
+                "needs its piece scores",
+            ),
+            (
+                with(
+                    "tokenizer.ggml.scores",
+                    Some(GgufValue::Array(GgufArray::F32(vec![0.0; n - 1]))),
+                ),
+                "tokenizer.ggml.scores has",
+            ),
+            (
+                with(
+                    "tokenizer.ggml.scores",
+                    Some(GgufValue::String("no".into())),
+                ),
+                "tokenizer.ggml.scores",
+            ),
+            (
+                with(
+                    "tokenizer.ggml.token_type",
+                    Some(GgufValue::Array(GgufArray::I32(vec![1; n + 1]))),
+                ),
+                "tokenizer.ggml.token_type has",
+            ),
+            (
+                with(
+                    "tokenizer.ggml.token_type",
+                    Some(GgufValue::Array(GgufArray::I32(
+                        (0..n).map(|i| if i == 7 { 9 } else { 1 }).collect(),
+                    ))),
+                ),
+                "token_type[7] = 9",
+            ),
+            (
+                with(
+                    "tokenizer.ggml.token_type",
+                    Some(GgufValue::Array(GgufArray::I32(
+                        (0..n).map(|i| if i == n - 2 { 6 } else { 1 }).collect(),
+                    ))),
+                ),
+                "not of the form <0xXX>",
+            ),
+            (
+                with(
+                    "tokenizer.ggml.bos_token_id",
+                    Some(GgufValue::U32(n as u32)),
+                ),
+                "outside the vocabulary",
+            ),
+            (
+                with("tokenizer.ggml.add_bos_token", Some(GgufValue::U32(1))),
+                "add_bos_token",
+            ),
+            (
+                with(
+                    "tokenizer.ggml.tokens",
+                    Some(GgufValue::Array(GgufArray::String(Vec::new()))),
+                ),
+                "tokens is empty",
+            ),
+            (with("tokenizer.ggml.tokens", None), "tokenizer.ggml.tokens"),
+        ];
+        for (f, want) in cases {
+            let e = error(&f, want);
+            assert!(e.contains(want), "{e:?} lacks {want:?}");
+        }
+    }
+
+    /// Without token types llama.cpp takes every token as normal; the tokenizer still builds
+    /// and encodes, byte tokens included.
+    #[test]
+    fn missing_token_types_mean_normal() {
+        let t = spm_tokenizer(&with("tokenizer.ggml.token_type", None)).unwrap();
+        assert_eq!(
+            t.encode("hi", false).unwrap(),
+            [t.token_to_id("▁hi").unwrap()]
+        );
+        assert_eq!(
+            t.decode(&t.encode("x", false).unwrap(), false).unwrap(),
+            "x"
+        );
+    }
+}
