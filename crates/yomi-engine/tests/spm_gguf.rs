@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 use yomi_engine::template::ChatMessage;
+use yomi_engine::tokenizer::StreamDecoder;
 use yomi_engine::{Engine, EngineOptions, Prompt};
 
 fn dir() -> PathBuf {
@@ -118,4 +119,24 @@ fn chat_prompt_and_stop_ids() {
     assert_eq!(ids, self::ids(&case["ids"]));
     assert_eq!(e.prompt_ids(&Prompt::Text("hi".into())).unwrap()[0], 1);
     assert!(e.eos_token_ids.contains(&2), "{:?}", e.eos_token_ids);
+}
+
+/// Streaming one id at a time gives the same text as decoding all at once: the decoder's
+/// prefix-space strip and byte fallback must not leak into the deltas.
+#[test]
+fn streaming_decode_matches_whole_decode() {
+    let e = engine();
+    let exp = expected();
+    for case in exp["cases"].as_array().unwrap() {
+        let want = ids(&case["ids"]);
+        let mut s = StreamDecoder::new(false);
+        let mut text = String::new();
+        for &id in &want {
+            if let Some(delta) = s.push(&e.tokenizer, id).unwrap() {
+                text.push_str(&delta);
+            }
+        }
+        text.extend(s.flush());
+        assert_eq!(text, case["decoded"].as_str().unwrap(), "{want:?}");
+    }
 }
