@@ -506,3 +506,64 @@ fn device_flag() {
         String::from_utf8_lossy(&ok.stderr)
     );
 }
+
+/// A llama GGUF whose vocabulary is SentencePiece (tests/data/llama-tiny-spm-gguf): `yomi run`
+/// loads it, builds the prompt with its chat template (`<s>` as one BOS token) or as raw text
+/// (BOS added, as the GGUF's add_bos_token says), and generates. The weights are random, so
+/// only the prompt ids are checked against SentencePiece's (expected.json).
+#[test]
+fn sentencepiece_gguf_runs() {
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/llama-tiny-spm-gguf");
+    let model = dir.join("llama-tiny-spm-f16.gguf");
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let expected_ids = |text: &str| -> Vec<u64> {
+        let case = expected["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["text"] == text)
+            .unwrap_or_else(|| panic!("no case {text:?}"));
+        case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect()
+    };
+    let run = |extra: &[&str], message: &str| -> serde_json::Value {
+        let mut args = vec!["run", "--model", model.to_str().unwrap(), "-m", message];
+        args.extend(["--max-tokens", "2", "--json"]);
+        args.extend(extra);
+        let out = yomi(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+    };
+    let ids = |v: &serde_json::Value| -> Vec<u64> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect()
+    };
+
+    let chat = run(&[], "hi");
+    assert_eq!(
+        ids(&chat["prompt_ids"]),
+        expected_ids("<s>[INST] hi [/INST]")
+    );
+    let out = ids(&chat["output_ids"]);
+    assert_eq!(out.len(), 2, "{chat}");
+    assert!(out.iter().all(|&i| i < 512), "{out:?}");
+
+    let raw = run(&["--raw"], "Hello world");
+    let mut want = vec![1];
+    want.extend(expected_ids("Hello world"));
+    assert_eq!(ids(&raw["prompt_ids"]), want);
+}

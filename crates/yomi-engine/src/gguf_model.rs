@@ -103,13 +103,18 @@ fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
     })
 }
 
-/// Builds a byte-level BPE tokenizer from GGUF vocabulary, merges and token types.
+/// Builds the tokenizer of a GGUF vocabulary: byte-level BPE from vocabulary, merges and token
+/// types (`gpt2`), or SentencePiece (`llama`, see `gguf_spm`).
 pub(crate) fn tokenizer_from_gguf(f: &GgufFile) -> Result<TextTokenizer> {
     let model = f
         .get_str("tokenizer.ggml.model")
         .map_err(|e| anyhow!("{e}"))?;
-    if model != "gpt2" {
-        bail!("unsupported GGUF tokenizer model `{model}` (supported: gpt2 byte-level BPE)");
+    match model {
+        "gpt2" => {}
+        "llama" => return crate::gguf_spm::spm_tokenizer(f),
+        _ => bail!(
+            "unsupported GGUF tokenizer model `{model}` (supported: gpt2 byte-level BPE, llama SentencePiece)"
+        ),
     }
     let tokens = f
         .get_str_array("tokenizer.ggml.tokens")

@@ -4,6 +4,7 @@
 pub mod engine;
 pub mod generate;
 mod gguf_model;
+mod gguf_spm;
 pub mod perplexity;
 pub mod prefix_cache;
 pub mod stats;
