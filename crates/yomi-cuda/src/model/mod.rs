@@ -183,6 +183,13 @@ pub fn attach(
     ordinal: usize,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
+    // The kernels compile at first use: without NVRTC nothing could run, so say it now (and
+    // let `--device auto` stay on the CPU) rather than at the first pass.
+    if !crate::nvrtc_present() {
+        anyhow::bail!(
+            "the CUDA driver is present but NVRTC (libnvrtc.so) is not: the kernels cannot be compiled"
+        );
+    }
     let dev = Arc::new(CudaDevice::open(ordinal)?);
     let cm = CudaModel::upload(dev, model, progress)?;
     model.accel = Some(Arc::new(cm));
