@@ -50,7 +50,8 @@
 // small a1..a3 loads through the read-only cache) before the first use. Each pair is dequantized
 // once into registers and multiplied with the x quads (float4 loads through L1, shared by all
 // warps of the SM) of every row t < T; accumulators acc[R][TM] are f32 and summed over the warp
-// with shuffles at the end. TM is the row bucket (1, 2, 4, 8, 16, 32) ≥ T. For TM ≤ 2 the
+// with shuffles at the end. TM is the row bucket (1, 2, 4, 8, 16, 32) ≥ T. With
+// QUANT_UNIT_SCALES (off: see its definition) and TM ≤ 2 the
 // scales are applied per 16-value half instead of per weight (Σ w·x = d·Σ q·x − m·Σ x), which
 // drops one FMA per weight where it is not amortized over many rows (at T = 1 the decode —
 // PRMT, FADD, FMA — and the dot FMA would otherwise cost about as many issue slots as the
@@ -78,6 +79,13 @@ struct QPtrs {
     const unsigned char* a2;
     const unsigned char* a3;
 };
+
+// Batch invariance: a row's result must not depend on how many rows share the launch, or a
+// speculative verify pass (T > 1) and plain decoding (T = 1) could pick different tokens. The
+// per-unit scaling above sums in another order than the per-weight path, so it is off: every
+// bucket dequantizes per weight and accumulates in the same order (tests/gpu_glue.rs,
+// linear_batch_invariance, checks the outputs bit for bit).
+#define QUANT_UNIT_SCALES 0
 
 // The loaded bytes of one unit (members a format does not use stay unset and are optimized
 // away).
@@ -264,7 +272,7 @@ __device__ __forceinline__ void qgemv_body(const QPtrs a, const float* __restric
                 for (int r = 0; r < R; ++r) sc[r] = q_scale<F>(raw[u][r], c);
                 const float* xc = x + sc[0].base;
                 const int hoff = sc[0].hoff;
-                if constexpr (TM <= 2) {
+                if constexpr (QUANT_UNIT_SCALES && TM <= 2) {
                     // Few rows: the scales are applied once per unit, not per weight —
                     // Σ w·x = d·Σ q·x − m·Σ x over each 16-value half — which saves the
                     // dequantizing FMA per weight where it is not amortized over many rows.

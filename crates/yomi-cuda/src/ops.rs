@@ -160,16 +160,17 @@ const SIMT_BF16_EXTRA: [(usize, usize, usize); 2] = [(1, 4, 2), (16, 2, 2)];
 const MMA_U: [usize; 2] = [2, 4];
 
 /// The kernel [`CudaDevice::linear`] uses for `dtype` and a row bucket, chosen from the H200
-/// timings in bench/RESULTS.md ("CUDA kernels (H200)"): at T = 1 the SIMT kernel with one row per
-/// warp and 4 loads in flight is fastest (65–85% of the copy bandwidth); from T = 4 on the
-/// tensor-core kernel is 1.1–6× faster than the best SIMT one for bf16 (T = 2 was not timed; it
-/// takes the tensor-core kernel, whose time hardly changes from T = 1 to 4). f32/f16 weights have
-/// only SIMT kernels; there R = 2 beat R = 4 at T = 16 and 32.
+/// timings in bench/RESULTS.md ("CUDA kernels (H200)"). bf16 takes the tensor-core kernel for
+/// every T, T = 1 included, although the SIMT kernel is faster there (65–85% of the copy
+/// bandwidth): the two sum in different orders, and a row's result must not depend on T, or a
+/// verify pass and plain decoding could pick different tokens (batch invariance; the tensor-core
+/// kernel is 1.1–6× faster than SIMT from T = 4 on). f32/f16 weights have only SIMT kernels,
+/// whose per-row order does not depend on (R, U); there R = 2 beat R = 4 at T = 16 and 32.
 fn default_kernel(dtype: WeightDtype, bucket: usize) -> GemvKernel {
     if let WeightDtype::Quant(_) = dtype {
         return crate::quant::default_kernel(bucket);
     }
-    if dtype == WeightDtype::Bf16 && bucket >= 2 {
+    if dtype == WeightDtype::Bf16 {
         return GemvKernel::Mma { u: 2 };
     }
     let (r, u) = match bucket {

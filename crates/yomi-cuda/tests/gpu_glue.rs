@@ -353,3 +353,104 @@ fn fused_projection_glue_matches_cpu() {
         );
     }
 }
+
+/// Batch invariance of `linear`: does a row's output depend on how many rows share the call?
+/// Plain decoding runs T = 1 passes and verification T > 1 passes, so speculative output equals
+/// plain output bit for bit only where the two agree exactly. For every weight format at
+/// 4096×4096 this compares each of T = 1, 2, 4, 8 rows against the same rows inside one T = 16
+/// call with the default kernels: they must be bit-identical (the default kernels are chosen so
+/// that a row's arithmetic does not depend on T; see `default_kernel` in src/ops.rs and
+/// QUANT_UNIT_SCALES in kernels/gemv_quant.cu).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn linear_batch_invariance() {
+    use yomi_cpu::quant::{QuantType, quantize_row};
+    use yomi_cuda::QuantFormat;
+    let d = dev();
+    let (rows, cols) = (4096usize, 4096usize);
+    let mut r = Rng::new(15);
+    let w = r.vec(rows * cols, 0.05);
+    let x = r.vec(16 * cols, 1.0);
+    let mut mats: Vec<(String, DeviceMatrix)> = vec![
+        (
+            "f32".into(),
+            DeviceMatrix::from_f32(&d, rows, cols, &w).unwrap(),
+        ),
+        (
+            "bf16".into(),
+            DeviceMatrix::from_half_bits(
+                &d,
+                rows,
+                cols,
+                WeightDtype::Bf16,
+                &w.iter()
+                    .map(|v| half::bf16::from_f32(*v).to_bits())
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap(),
+        ),
+        (
+            "f16".into(),
+            DeviceMatrix::from_half_bits(
+                &d,
+                rows,
+                cols,
+                WeightDtype::F16,
+                &w.iter()
+                    .map(|v| half::f16::from_f32(*v).to_bits())
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap(),
+        ),
+    ];
+    for (ty, f) in [
+        (QuantType::Q8_0, QuantFormat::Q8_0),
+        (QuantType::Q4_1, QuantFormat::Q4_1),
+        (QuantType::Q4_K, QuantFormat::Q4_K),
+        (QuantType::Q6_K, QuantFormat::Q6_K),
+    ] {
+        let mut bytes = Vec::new();
+        for row in w.chunks_exact(cols) {
+            quantize_row(ty, row, &mut bytes);
+        }
+        mats.push((
+            format!("{f:?}"),
+            DeviceMatrix::from_ggml_blocks(&d, rows, cols, f, &bytes).unwrap(),
+        ));
+    }
+    for (name, m) in &mats {
+        let xd = d.upload(&x).unwrap();
+        let mut all = poisoned(&d, 16 * rows);
+        d.linear(&xd, 16, m, None, &mut all).unwrap();
+        let all = d.download(&all).unwrap();
+        let mut line = format!("RESULT batch invariance {name}:");
+        for t in [1usize, 2, 4, 8] {
+            let xt = d.upload(&x[..t * cols]).unwrap();
+            let mut out = poisoned(&d, t * rows);
+            d.linear(&xt, t, m, None, &mut out).unwrap();
+            let got = d.download(&out).unwrap();
+            let want = &all[..t * rows];
+            let same = got
+                .iter()
+                .zip(want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            let (num, den) = got
+                .iter()
+                .zip(want)
+                .fold((0.0f64, 0.0f64), |(n, dd), (a, b)| {
+                    (n + ((a - b) as f64).powi(2), dd + (*b as f64).powi(2))
+                });
+            let rel = (num / den.max(1e-30)).sqrt();
+            assert!(
+                same,
+                "{name} T={t}: not bit-identical to the T = 16 call (rel-L2 {rel:.1e})"
+            );
+            line += &if same {
+                format!(" T={t} bit-identical;")
+            } else {
+                format!(" T={t} differs (rel-L2 {rel:.1e});")
+            };
+        }
+        println!("{line}");
+    }
+}
