@@ -1,13 +1,16 @@
-//! yomi's CUDA backend (DESIGN §5), first slice: device handling, NVRTC kernel compilation with
-//! an on-disk cache, and the first ops — RMSNorm, GEMV over T ≤ 32 rows for f32/bf16/f16 weights
-//! (CUDA-core kernels, plus a tensor-core kernel for bf16), SwiGLU, partial NeoX RoPE, Gated
-//! DeltaNet decode step and tree verify, tree attention over the KV cache (split-K) and the tree
-//! conv1d, the glue ops of a whole-model pass (`glue.rs`) and whole models (`model/`). Each op
-//! is checked against its yomi-cpu twin by the `#[ignore]`d tests in `tests/gpu*.rs`; H200
-//! numbers are in bench/RESULTS.md. GGUF block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K,
-//! Q6_K; [`QuantFormat`]) upload with [`DeviceMatrix::from_ggml_blocks`] and go through the same
-//! `linear`, plus a row gather for quantized embedding tables (`src/quant.rs`,
-//! `kernels/gemv_quant.cu`, `tests/gpu_quant.rs`).
+//! yomi's CUDA backend (DESIGN §5): whole models on an NVIDIA GPU behind `--device cuda|auto`.
+//!
+//! - `model/`: the [`yomi_models::Accelerator`] that runs a loaded model's passes on the device
+//!   (weights uploaded once, fused projections, a device state per sequence under the DESIGN §4
+//!   pending → commit contract, sub-passes of 32 rows, CUDA graphs per pass shape).
+//! - The ops, each checked against its yomi-cpu twin by the `#[ignore]`d tests in
+//!   `tests/gpu*.rs` (H200 numbers in bench/RESULTS.md): RMSNorm, RoPE, SwiGLU (`ops.rs`,
+//!   `glue.rs`); GEMV over T ≤ 32 rows for f32/bf16/f16 (`gemv.cu`, SIMT and tensor-core
+//!   kernels) and GGUF blocks Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K (`quant.rs`, `gemv_quant.cu`, with a
+//!   quantized embedding gather), chosen so a row's result does not depend on T (batch
+//!   invariance: speculative output equals plain output); Gated DeltaNet decode and tree verify
+//!   (`gdn.cu`); tree attention over the KV cache, split-K (`attention.rs`); tree conv1d
+//!   (`conv.rs`); and the glue of a pass (embedding, splits, gates, K/V store, gathers).
 //!
 //! Built on cudarc with dynamic loading: the crate builds and its tests pass on machines with no
 //! CUDA at all. Every entry point first checks that the library it needs can be loaded
