@@ -73,7 +73,7 @@ pub(crate) fn check_conv(lens: ConvLens, t: usize, c: usize, k: usize) -> Result
 
 impl CudaDevice {
     /// Tree conv1d (twin of `yomi_cpu::conv::conv1d_tree`): m [T, C] this pass's inputs, state
-    /// [K−1, C] the committed last inputs (read only), w [C, K], parents [T] (−1 for the root,
+    /// [K−1, C] the committed last inputs (read only), w [C, K], parents `[T]` (−1 for the root,
     /// parent < row). Writes out [T, C] = silu(conv over each row's root path continued into the
     /// state) and windows [T, K−1, C], each row's own last K−1 inputs, oldest first (commit copies
     /// the last accepted row's window into the state). 1 ≤ K ≤ 8.

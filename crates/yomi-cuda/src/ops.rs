@@ -664,7 +664,7 @@ impl CudaDevice {
     /// GDN tree verify over T ≤ 32 rows from the committed `s0` (read only): writes every row's
     /// output into `out` [T, Hv, dv] and, when given, the state after the root → last-row path
     /// into `final_state` (for a chain: after all rows, so a whole-chain commit is a swap).
-    /// `parents` [T] are the tree's parent indices (−1 for the root, parent < row).
+    /// `parents` `[T]` are the tree's parent indices (−1 for the root, parent < row).
     /// dk ≤ 128, dv a multiple of 32.
     #[allow(clippy::too_many_arguments)]
     pub fn gdn_tree_verify(
