@@ -297,13 +297,23 @@ impl PrefixCache {
         self.stats.lookups += 1;
         self.tick += 1;
         let recurrent = state.has_recurrent_layers();
-        // Device states are not cached yet (no host copies of their K/V or recurrent state).
-        let found = if state.is_accelerated() {
-            None
-        } else {
-            self.find(prompt, recurrent)
-        };
-        let Some(hit) = found else {
+        if state.is_accelerated() {
+            // Device states are not cached yet (no host copies of their K/V or recurrent
+            // state), but the state's own committed prefix still serves a prompt that continues
+            // it (the next turn of a chat); the generate loop resumes from it.
+            let keep = state.pending().is_none()
+                && state.committed() > 0
+                && state.committed() < prompt.len()
+                && prompt.starts_with(state.tokens());
+            if !keep {
+                state.reset();
+            }
+            return Ok(Restored {
+                len: if keep { state.committed() } else { 0 },
+                logits: None,
+            });
+        }
+        let Some(hit) = self.find(prompt, recurrent) else {
             state.reset();
             return Ok(Restored::default());
         };

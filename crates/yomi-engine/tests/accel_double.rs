@@ -1,0 +1,303 @@
+//! The accelerator plumbing (yomi_models::accel) exercised on the CPU, so CI covers it without a
+//! GPU: a test double runs a second copy of the model on the CPU behind the `Accelerator` trait.
+//! Through it, plain and speculative generation equal the CPU engine's token for token, draft
+//! trees respect the accelerator's row limit, a reset reaches the device state, and a chat's next
+//! turn resumes from the device state's own committed prefix (the prefix cache keeps no device
+//! states).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use anyhow::Result;
+use yomi_core::{SamplerParams, TreeBatch};
+use yomi_engine::generate::{DraftMode, NoHooks};
+use yomi_engine::prefix_cache::{PrefixCache, PrefixCacheConfig};
+use yomi_engine::stats::StatsRecorder;
+use yomi_engine::{Engine, EngineOptions, GenerateParams, Generation};
+use yomi_models::{AccelState, Accelerator, LogitRows, Model, State};
+use yomi_spec::{DraftTree, Drafter};
+
+fn test_data(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data")
+        .join(name)
+}
+
+fn engine() -> Engine {
+    let opts = EngineOptions {
+        context_size: Some(1024),
+        threads: Some(1),
+    };
+    let mut e = Engine::load(&test_data("llama-tiny"), &opts, &mut |_, _| {}).expect("load");
+    e.eos_token_ids.clear();
+    e
+}
+
+struct CpuState(State);
+
+impl AccelState for CpuState {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+/// Runs a second copy of the model on the CPU, checking what the trait promises on the way.
+struct CpuDouble {
+    model: Model,
+    max_rows: usize,
+    resets: AtomicUsize,
+    widest_tree: AtomicUsize,
+}
+
+fn state(st: &mut dyn AccelState) -> &mut State {
+    &mut st
+        .as_any_mut()
+        .downcast_mut::<CpuState>()
+        .expect("a CpuState")
+        .0
+}
+
+impl Accelerator for CpuDouble {
+    fn describe(&self) -> String {
+        "cpu test double".into()
+    }
+    fn max_tree_rows(&self) -> usize {
+        self.max_rows
+    }
+    fn new_state(&self, capacity: usize) -> Result<Box<dyn AccelState>> {
+        Ok(Box::new(CpuState(self.model.new_state(capacity))))
+    }
+    fn forward(
+        &self,
+        st: &mut dyn AccelState,
+        committed: usize,
+        tokens: &[u32],
+        tree: &TreeBatch,
+        which: LogitRows,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
+        let s = state(st);
+        assert_eq!(s.committed(), committed, "the host's committed length");
+        if !tree.is_chain() {
+            assert!(tree.len() <= self.max_rows, "a tree of {} rows", tree.len());
+        }
+        // Verify passes (every row's logits) carry the drafts: the engine must size them to
+        // the accelerator's limit, chains included.
+        if which == LogitRows::All {
+            assert!(
+                tree.len() <= self.max_rows,
+                "a verify pass of {} rows",
+                tree.len()
+            );
+            self.widest_tree.fetch_max(tree.len(), Ordering::Relaxed);
+        }
+        self.model.forward(s, tokens, tree, which, logits)
+    }
+    fn commit(
+        &self,
+        st: &mut dyn AccelState,
+        committed: usize,
+        _tree: &TreeBatch,
+        accepted: &[usize],
+    ) -> Result<()> {
+        let s = state(st);
+        assert_eq!(s.committed(), committed);
+        self.model.commit(s, accepted)
+    }
+    fn reset(&self, st: &mut dyn AccelState) -> Result<()> {
+        state(st).reset();
+        self.resets.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// An engine whose model runs through the double (limit `max_rows` tree rows), and the double.
+fn accelerated(max_rows: usize) -> (Engine, Arc<CpuDouble>) {
+    let mut e = engine();
+    let double = Arc::new(CpuDouble {
+        model: engine().model,
+        max_rows,
+        resets: AtomicUsize::new(0),
+        widest_tree: AtomicUsize::new(0),
+    });
+    e.model.accel = Some(double.clone());
+    e.model.release_host_matrices();
+    (e, double)
+}
+
+/// Fills the whole budget with a bushy tree of guesses (new rows hang under earlier ones
+/// level by level), so the engine has to cut it to the accelerator's limit.
+struct Filler;
+
+impl Drafter for Filler {
+    fn propose(&mut self, context: &[u32], budget: usize, out: &mut DraftTree) {
+        out.reset(*context.last().expect("a context"));
+        for i in 0..budget {
+            let parent = if i < 2 { 0 } else { (i - 1) / 2 };
+            out.push(parent, ((i * 7 + 3) % 512) as u32);
+        }
+    }
+    fn observe(&mut self, _accepted: usize, _proposed: usize) {}
+}
+
+fn params(draft: DraftMode, sampler: SamplerParams) -> GenerateParams {
+    GenerateParams {
+        max_tokens: 200,
+        sampler,
+        stop: Vec::new(),
+        draft,
+        draft_budget: 24,
+    }
+}
+
+fn run(e: &Engine, ids: &[u32], p: &GenerateParams) -> Generation {
+    let mut st = e.new_state();
+    e.generate(&mut st, ids, p, StatsRecorder::start(), &mut |_| true)
+        .expect("generate")
+}
+
+fn prompt() -> Vec<u32> {
+    let base: Vec<u32> = (0..20).map(|i| (i * 37 + 11) % 512).collect();
+    base.iter().cycle().take(100).copied().collect()
+}
+
+#[test]
+fn generation_through_the_accelerator_equals_the_cpu_engine() {
+    let cpu = engine();
+    let (acc, double) = accelerated(8);
+    let seeded = SamplerParams {
+        temperature: 0.7,
+        top_p: 0.9,
+        seed: 3,
+        ..Default::default()
+    };
+    for sampler in [SamplerParams::greedy(), seeded] {
+        let want = run(&cpu, &prompt(), &params(DraftMode::None, sampler.clone()));
+        for draft in [DraftMode::None, DraftMode::Suffix] {
+            let got = run(&acc, &prompt(), &params(draft, sampler.clone()));
+            assert_eq!(got.output_ids, want.output_ids, "{draft:?} {sampler:?}");
+        }
+    }
+    // A drafter that always fills its budget (24 here) must still be cut to the accelerator's
+    // limit: verify passes of at most 8 rows.
+    let want = run(
+        &cpu,
+        &prompt(),
+        &params(DraftMode::None, SamplerParams::greedy()),
+    );
+    let mut greedy_filler = Filler;
+    let mut st = acc.new_state();
+    let got = acc
+        .generate_with(
+            &mut st,
+            &prompt(),
+            &params(DraftMode::None, SamplerParams::greedy()),
+            Some(&mut greedy_filler),
+            StatsRecorder::start(),
+            &mut |_| true,
+        )
+        .expect("generate");
+    assert_eq!(
+        got.output_ids, want.output_ids,
+        "with a budget-filling drafter"
+    );
+    let widest = double.widest_tree.load(Ordering::Relaxed);
+    assert!(
+        (2..=8).contains(&widest),
+        "the widest verify pass had {widest} rows (drafts expected, capped at the accelerator's 8)"
+    );
+}
+
+#[test]
+fn a_reset_reaches_the_device_state_and_the_cpu_path_is_refused() {
+    let (acc, double) = accelerated(8);
+    let m = &acc.model;
+    let mut st = acc.new_state();
+    assert!(st.is_accelerated());
+    let mut logits = Vec::new();
+    m.forward(
+        &mut st,
+        &[1, 2, 3],
+        &TreeBatch::chain(3),
+        LogitRows::Last,
+        &mut logits,
+    )
+    .unwrap();
+    m.commit(&mut st, &[0, 1, 2]).unwrap();
+    let first = logits.clone();
+    st.reset();
+    assert_eq!(double.resets.load(Ordering::Relaxed), 0, "reset is lazy");
+    m.forward(
+        &mut st,
+        &[1, 2, 3],
+        &TreeBatch::chain(3),
+        LogitRows::Last,
+        &mut logits,
+    )
+    .unwrap();
+    assert_eq!(double.resets.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        logits, first,
+        "the pass after a reset starts from an empty sequence"
+    );
+    // Prefix-cache operations that need host copies are refused, not silently wrong.
+    assert!(st.truncate(1).is_err());
+    // Without the accelerator, the released host matrices make the CPU path an error.
+    let mut bare = engine().model;
+    bare.release_host_matrices();
+    let mut st2 = bare.new_state(64);
+    assert!(
+        bare.forward(
+            &mut st2,
+            &[1],
+            &TreeBatch::chain(1),
+            LogitRows::Last,
+            &mut logits
+        )
+        .is_err()
+    );
+}
+
+#[test]
+fn a_chat_turn_resumes_from_the_device_state() {
+    let cpu = engine();
+    let (acc, _) = accelerated(8);
+    let mut cache = PrefixCache::new(PrefixCacheConfig::default());
+    let mut st = acc.new_state();
+    let p = params(DraftMode::Suffix, SamplerParams::greedy());
+    let turn = |st: &mut State, cache: &mut PrefixCache, ids: &[u32]| {
+        acc.generate_cached(
+            Some(cache),
+            st,
+            ids,
+            &p,
+            None,
+            StatsRecorder::start(),
+            &mut NoHooks,
+            &mut |_| true,
+        )
+        .expect("generate")
+    };
+    let first = turn(&mut st, &mut cache, &prompt());
+    assert_eq!(first.cached_tokens, 0);
+    let mut next = prompt();
+    next.extend_from_slice(&first.output_ids);
+    next.extend_from_slice(&[5, 6, 7]);
+    let second = turn(&mut st, &mut cache, &next);
+    assert!(
+        second.cached_tokens >= prompt().len(),
+        "the second turn re-ran its prefix ({} cached)",
+        second.cached_tokens
+    );
+    let fresh = run(&cpu, &next, &p);
+    assert_eq!(second.output_ids, fresh.output_ids);
+    // A prompt that does not continue the state starts over.
+    let other: Vec<u32> = (0..30).map(|i| (i * 13 + 1) % 512).collect();
+    let third = turn(&mut st, &mut cache, &other);
+    assert_eq!(third.cached_tokens, 0);
+    assert_eq!(third.output_ids, run(&cpu, &other, &p).output_ids);
+}
