@@ -99,6 +99,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         println!("{obj}");
     } else {
         eprintln!("\n{}", g.stats);
+        eprintln!("device:              {}", engine.device());
     }
     Ok(())
 }

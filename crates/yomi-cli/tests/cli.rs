@@ -505,6 +505,9 @@ fn device_flag() {
         "{}",
         String::from_utf8_lossy(&ok.stderr)
     );
+    // The stats say where it ran.
+    let err = String::from_utf8_lossy(&ok.stderr);
+    assert!(err.contains("device:              cpu ("), "{err}");
 }
 
 /// A llama GGUF whose vocabulary is SentencePiece (tests/data/llama-tiny-spm-gguf): `yomi run`

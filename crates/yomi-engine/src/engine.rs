@@ -115,6 +115,15 @@ impl Engine {
         self.pool.current_num_threads()
     }
 
+    /// Where the model's passes run, in words: the accelerator's description, or the CPU with
+    /// its kernel threads.
+    pub fn device(&self) -> String {
+        match &self.model.accel {
+            Some(a) => a.describe(),
+            None => format!("cpu ({} threads)", self.threads()),
+        }
+    }
+
     /// Turns a prompt into token ids. Chat prompts go through the model's own template.
     pub fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>> {
         let ids = match prompt {
