@@ -21,7 +21,7 @@
 //!   recurrence (the CPU twin's own test allows 2e-5 against f64).
 
 mod common;
-use common::{Rng, poisoned, time_ms};
+use common::{Rng, dev, poisoned, time_ms};
 
 use std::sync::Arc;
 
@@ -33,13 +33,6 @@ use yomi_cpu::linear::{Matrix, WeightData, linear as cpu_linear};
 use yomi_cuda::{
     CudaDevice, DeviceMatrix, GdnDeviceRows, GdnShape, GemvKernel, WeightDtype, gemv_variant,
 };
-
-fn dev() -> CudaDevice {
-    match CudaDevice::open(0) {
-        Ok(d) => d,
-        Err(e) => panic!("these tests need a CUDA device: {e}"),
-    }
-}
 
 struct Err {
     max_abs: f32,

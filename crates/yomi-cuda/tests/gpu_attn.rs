@@ -23,7 +23,7 @@
 //!   the windows are copies and must be bit-identical.
 
 mod common;
-use common::{Rng, poisoned, time_ms};
+use common::{Rng, dev, poisoned, time_ms};
 
 use cudarc::driver::CudaSlice;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -31,16 +31,6 @@ use yomi_core::TreeBatch;
 use yomi_cpu::attention::{AttnShape, attention_tree as cpu_attention};
 use yomi_cpu::conv::conv1d_tree as cpu_conv;
 use yomi_cuda::{AttnDims, AttnScratch, CudaDevice, ancestor_bits};
-
-fn dev() -> Option<CudaDevice> {
-    match CudaDevice::open(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            eprintln!("skipped: these tests need a CUDA device ({e})");
-            None
-        }
-    }
-}
 
 /// A random tree in topological order: mostly deep (parent i−1), sometimes a branch.
 fn random_tree(t: usize, seed: u64) -> Vec<i32> {
@@ -155,7 +145,7 @@ fn run_attention(
 #[test]
 #[ignore = "needs a CUDA device"]
 fn attention_tree_matches_cpu() {
-    let Some(d) = dev() else { return };
+    let d = dev();
     for (di, dims) in [QWEN, LLAMA, SMOL].into_iter().enumerate() {
         let mut r = Rng::new(10 + di as u64);
         let row = dims.n_kv * dims.head_dim;
@@ -209,7 +199,7 @@ fn attention_tree_matches_cpu() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn attention_tree_matches_cpu_with_peaked_scores() {
-    let Some(d) = dev() else { return };
+    let d = dev();
     let dims = QWEN;
     let mut r = Rng::new(3);
     let row = dims.n_kv * dims.head_dim;
@@ -240,7 +230,7 @@ fn attention_tree_matches_cpu_with_peaked_scores() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn attention_graph_replay_follows_the_device_committed_length() {
-    let Some(d) = dev() else { return };
+    let d = dev();
     let dims = QWEN;
     let mut r = Rng::new(4);
     let row = dims.n_kv * dims.head_dim;
@@ -325,7 +315,7 @@ fn attention_graph_replay_follows_the_device_committed_length() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn conv1d_tree_matches_cpu() {
-    let Some(d) = dev() else { return };
+    let d = dev();
     let mut r = Rng::new(20);
     let mut cases = Vec::new();
     for c in [8192usize, 64] {
@@ -385,7 +375,7 @@ fn conv1d_tree_matches_cpu() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn z_attention_timing() {
-    let Some(d) = dev() else { return };
+    let d = dev();
     let dims = QWEN;
     let layers = 8;
     let mut r = Rng::new(5);

@@ -8,15 +8,11 @@
 //! max|Δ| ≤ 1e-5·max(1, max|cpu|).
 
 mod common;
-use common::{Rng, poisoned};
+use common::{Rng, dev, poisoned};
 
 use yomi_cpu::activation::{sigmoid, softplus, swiglu};
 use yomi_cpu::norm::{l2_norm_inplace, rms_norm, rms_norm_gated_inplace};
-use yomi_cuda::{CudaDevice, DeviceMatrix, WeightDtype};
-
-fn dev() -> CudaDevice {
-    CudaDevice::open(0).unwrap_or_else(|e| panic!("these tests need a CUDA device: {e}"))
-}
+use yomi_cuda::{DeviceMatrix, WeightDtype};
 
 /// max|gpu − cpu| and max|cpu|, after checking every GPU value is finite.
 fn diff(gpu: &[f32], cpu: &[f32]) -> (f32, f32) {

@@ -5,7 +5,7 @@
 //! cargo test --release -p yomi-cuda --test gpu_quant -- --ignored --test-threads=1 --nocapture
 //! ```
 //!
-//! Without a device every test prints `SKIP` and passes. Lines starting with `RESULT` are the
+//! Without a device every test fails (they test nothing there). Lines starting with `RESULT` are the
 //! numbers to keep.
 //!
 //! Weights are random values quantized by yomi-cpu's quantizer (`quantize_row`), at real
@@ -21,23 +21,12 @@
 //! Gather: bit-exact against `dequantize_row`.
 
 mod common;
-use common::{Rng, time_ms};
+use common::{Rng, dev, time_ms};
 
 use cudarc::driver::CudaSlice;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use yomi_cpu::quant::{QuantType, dequantize_row, quantize_row};
-use yomi_cuda::{CudaDevice, DeviceMatrix, QuantFormat, WeightDtype, gemv_variant};
-
-/// The device, or None (after printing why) when there is none: the tests then pass as skipped.
-fn dev_or_skip(test: &str) -> Option<CudaDevice> {
-    match CudaDevice::open(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            println!("SKIP {test}: no CUDA device ({e})");
-            None
-        }
-    }
-}
+use yomi_cuda::{DeviceMatrix, QuantFormat, WeightDtype, gemv_variant};
 
 fn cpu_type(f: QuantFormat) -> QuantType {
     QuantType::from_ggml_id(f.ggml_type()).expect("yomi-cpu knows every QuantFormat")
@@ -150,9 +139,7 @@ const SHAPES: [(usize, usize); 7] = [
 #[test]
 #[ignore = "needs a CUDA device"]
 fn quant_linear_matches_f64_reference() {
-    let Some(d) = dev_or_skip("quant_linear_matches_f64_reference") else {
-        return;
-    };
+    let d = dev();
     let ts = [1usize, 2, 3, 8, 16, 32];
     let mut failures = Vec::new();
     let mut worst = 0.0f64;
@@ -235,9 +222,7 @@ fn quant_linear_matches_f64_reference() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn quant_bad_shapes_are_errors() {
-    let Some(d) = dev_or_skip("quant_bad_shapes_are_errors") else {
-        return;
-    };
+    let d = dev();
     for f in QuantFormat::ALL {
         let (rows, cols) = (4, 2 * f.block_size());
         let n = f.tensor_bytes(rows, cols).unwrap();
@@ -267,9 +252,7 @@ fn quant_bad_shapes_are_errors() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn quant_gather_is_exact() {
-    let Some(d) = dev_or_skip("quant_gather_is_exact") else {
-        return;
-    };
+    let d = dev();
     for (si, &(rows, cols)) in [(49152usize, 576usize), (4096, 4096), (1001, 512)]
         .iter()
         .enumerate()
@@ -327,9 +310,7 @@ fn quant_gather_is_exact() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn z_quant_gemv_timing() {
-    let Some(d) = dev_or_skip("z_quant_gemv_timing") else {
-        return;
-    };
+    let d = dev();
     let n = 1usize << 28;
     let src = d.upload(&vec![1.0f32; n]).unwrap();
     let mut dst = d.alloc_zeros::<f32>(n).unwrap();

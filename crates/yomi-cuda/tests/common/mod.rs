@@ -7,6 +7,12 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaSlice};
 use yomi_cuda::CudaDevice;
 
+/// Device 0. These tests run only when asked (`--ignored`), on a machine with a GPU: without
+/// one they fail rather than pass having tested nothing.
+pub fn dev() -> CudaDevice {
+    CudaDevice::open(0).unwrap_or_else(|e| panic!("these tests need a CUDA device: {e}"))
+}
+
 /// xorshift64: the same seed gives the same inputs on every machine.
 pub struct Rng(pub u64);
 
