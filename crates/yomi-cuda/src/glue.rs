@@ -391,32 +391,38 @@ impl CudaDevice {
         })
     }
 
-    /// Splits a fused projection src [n, total] into up to four contiguous pieces: `pieces[p]`
-    /// = (first column, destination [n, width]); the widths come from the destinations.
+    /// Splits a fused projection src [n, total] into up to four contiguous pieces: piece p
+    /// starts at column `offsets[p]` and goes to `dests[p]` [n, width] (the width comes from
+    /// the destination).
     pub fn split_cols(
         &self,
         src: &impl DevicePtr<f32>,
         n: usize,
-        pieces: &mut [(usize, &mut dyn DevicePtrMut<f32>)],
+        offsets: &[usize],
+        dests: &mut [&mut dyn DevicePtrMut<f32>],
     ) -> Result<()> {
         ensure!(
-            n > 0 && src.len().is_multiple_of(n) && pieces.len() <= 4,
-            "split_cols: {} values for {n} rows, {} pieces (at most 4)",
+            n > 0
+                && src.len().is_multiple_of(n)
+                && dests.len() <= 4
+                && offsets.len() == dests.len(),
+            "split_cols: {} values for {n} rows, {} offsets for {} pieces (at most 4)",
             src.len(),
-            pieces.len()
+            offsets.len(),
+            dests.len()
         );
         let total = src.len() / n;
         let st = self.stream();
         let mut args = [(0u64, 0i32, 0i32); 4];
-        for (slot, (off, dst)) in args.iter_mut().zip(pieces.iter_mut()) {
+        for ((slot, &off), dst) in args.iter_mut().zip(offsets).zip(dests.iter_mut()) {
             let w = dst.len() / n;
             ensure!(
-                dst.len() == n * w && w > 0 && *off + w <= total,
+                dst.len() == n * w && w > 0 && off + w <= total,
                 "split_cols: piece at column {off} of width {w} does not fit {total} columns"
             );
             *slot = (
                 dst.device_ptr_mut(st).0,
-                as_i32(*off, "offset")?,
+                as_i32(off, "offset")?,
                 as_i32(w, "width")?,
             );
         }

@@ -308,13 +308,12 @@ fn fused_projection_glue_matches_cpu() {
         let sd = d.upload(&src).unwrap();
         let mut outs: Vec<_> = widths.iter().map(|w| poisoned(&d, t * w)).collect();
         {
-            let mut off = 0;
-            let mut pieces: Vec<(usize, &mut dyn cudarc::driver::DevicePtrMut<f32>)> = Vec::new();
-            for (o, w) in outs.iter_mut().zip(widths) {
-                pieces.push((off, o));
-                off += w;
-            }
-            d.split_cols(&sd, t, &mut pieces).unwrap();
+            let offsets = [0, widths[0], widths[0] + widths[1], total - widths[3]];
+            let mut dests: Vec<&mut dyn cudarc::driver::DevicePtrMut<f32>> = outs
+                .iter_mut()
+                .map(|o| o as &mut dyn cudarc::driver::DevicePtrMut<f32>)
+                .collect();
+            d.split_cols(&sd, t, &offsets, &mut dests).unwrap();
         }
         let mut off = 0;
         for (o, w) in outs.iter().zip(widths) {

@@ -60,13 +60,18 @@ fn project(
             }
             let total = w.rows;
             dev.linear(x, n, w, bias.as_ref(), &mut scratch.slice_mut(0..n * total))?;
-            let mut off = 0;
-            let mut pieces: Vec<(usize, &mut dyn DevicePtrMut<f32>)> = Vec::with_capacity(4);
-            for (d, &wd) in dests.iter_mut().zip(widths) {
-                pieces.push((off, &mut **d));
-                off += wd;
+            // Column offsets of the pieces, on the stack (this runs for every layer of every
+            // eager pass).
+            let mut offsets = [0usize; 4];
+            for p in 1..widths.len().min(4) {
+                offsets[p] = offsets[p - 1] + widths[p - 1];
             }
-            dev.split_cols(&scratch.slice(0..n * total), n, &mut pieces)?;
+            dev.split_cols(
+                &scratch.slice(0..n * total),
+                n,
+                &offsets[..widths.len().min(4)],
+                dests,
+            )?;
         }
         Proj::Split(parts) => {
             if parts.len() != dests.len() {
@@ -704,30 +709,19 @@ impl CudaModel {
                         // Replay: the accepted rows, compacted, form a chain from S; its final
                         // state becomes S.
                         let idx = b.accepted.slice(0..n);
-                        dev.gather_rows(
-                            &pk.slice(0..t * kd),
-                            &idx,
-                            kd,
-                            &mut b.ck.slice_mut(0..n * kd),
-                        )?;
-                        dev.gather_rows(
-                            &pv.slice(0..t * vd),
-                            &idx,
-                            vd,
-                            &mut b.cv.slice_mut(0..n * vd),
-                        )?;
-                        dev.gather_rows(
-                            &pg.slice(0..t * hv),
-                            &idx,
-                            hv,
-                            &mut b.cg.slice_mut(0..n * hv),
-                        )?;
-                        dev.gather_rows(
-                            &pb.slice(0..t * hv),
-                            &idx,
-                            hv,
-                            &mut b.cb.slice_mut(0..n * hv),
-                        )?;
+                        for (src, len, dst) in [
+                            (&*pk, kd, &mut b.ck),
+                            (&*pv, vd, &mut b.cv),
+                            (&*pg, hv, &mut b.cg),
+                            (&*pb, hv, &mut b.cb),
+                        ] {
+                            dev.gather_rows(
+                                &src.slice(0..t * len),
+                                &idx,
+                                len,
+                                &mut dst.slice_mut(0..n * len),
+                            )?;
+                        }
                         let (ck, cv, cg, cb) = (
                             b.ck.slice(0..n * kd),
                             b.cv.slice(0..n * vd),

@@ -44,10 +44,6 @@ impl CudaModel {
         })
     }
 
-    pub fn device(&self) -> &CudaDevice {
-        &self.dev
-    }
-
     /// Device bytes of the weight matrices (what one pass streams).
     pub fn matrix_bytes(&self) -> usize {
         self.w.matrix_bytes()
@@ -83,17 +79,6 @@ impl CudaModel {
         self.run_forward_opt(st, committed, tokens, &tree, LogitRows::None, None)?;
         let all: Vec<usize> = (0..tokens.len()).collect();
         self.run_commit(st, committed, &tree, &all)
-    }
-
-    /// Commits rows of the pending pass (see [`Accelerator::commit`]).
-    pub fn commit_rows(
-        &self,
-        st: &mut CudaState,
-        committed: usize,
-        tree: &TreeBatch,
-        accepted: &[usize],
-    ) -> Result<()> {
-        self.run_commit(st, committed, tree, accepted)
     }
 
     fn state<'a>(&self, st: &'a mut dyn AccelState) -> Result<&'a mut CudaState> {
