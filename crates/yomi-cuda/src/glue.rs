@@ -8,7 +8,7 @@ use crate::device::CudaDevice;
 use crate::error::{Result, ensure};
 use crate::guard;
 use crate::kernels::Module;
-use crate::ops::{DeviceMatrix, WeightDtype, as_i32, dptr, dptr_mut, launch_err};
+use crate::ops::{DeviceMatrix, WeightDtype, as_i32, dptr, dptr_mut, launch_err, rms_norm_block};
 
 fn grid_1d(n: u64) -> LaunchConfig {
     LaunchConfig {
@@ -500,7 +500,7 @@ impl CudaDevice {
         let n_i = as_i32(n, "n")?;
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
-            block_dim: (if n >= 4096 { 512 } else { 256 }, 1, 1),
+            block_dim: (rms_norm_block(n), 1, 1),
             shared_mem_bytes: 0,
         };
         guard("add_rms_norm", || {

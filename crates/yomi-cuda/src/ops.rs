@@ -256,6 +256,11 @@ pub(crate) fn dptr_mut<T>(s: &mut (impl DevicePtrMut<T> + ?Sized), stream: &Cuda
     s.device_ptr_mut(stream).0
 }
 
+/// Threads per row of the RMSNorm kernels (`rms_norm_f32`, `add_rms_norm_f32`).
+pub(crate) fn rms_norm_block(n: usize) -> u32 {
+    if n >= 4096 { 512 } else { 256 }
+}
+
 pub(crate) fn as_i32(v: usize, what: &str) -> Result<i32> {
     i32::try_from(v).map_err(|_| CudaError::Invalid(format!("{what} = {v} does not fit in i32")))
 }
@@ -340,39 +345,15 @@ impl CudaDevice {
         eps: f32,
         out: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
-        let n = w.len();
-        ensure!(
-            n > 0 && x.len().is_multiple_of(n),
-            "rms_norm: x has {} values, not a multiple of n = {n}",
-            x.len()
-        );
         ensure!(
             out.len() == x.len(),
             "rms_norm: out has {} values, x {}",
             out.len(),
             x.len()
         );
-        let rows = x.len() / n;
-        if rows == 0 {
-            return Ok(());
-        }
-        let f = self.func(Module::Norm, "rms_norm_f32")?;
-        let n_i = as_i32(n, "n")?;
-        let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
-            block_dim: (if n >= 4096 { 512 } else { 256 }, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        guard("rms_norm", || {
-            let st = self.stream();
-            let (xp, op) = (dptr(x, st), dptr_mut(out, st));
-            let mut b = st.launch_builder(&f);
-            b.arg(&xp).arg(w).arg(&op).arg(&n_i).arg(&eps);
-            // SAFETY: argument types match `rms_norm_f32`; lengths checked above.
-            unsafe { b.launch(cfg) }
-                .map(|_| ())
-                .map_err(launch_err("rms_norm_f32"))
-        })
+        let st = self.stream();
+        let (xp, op) = (dptr(x, st), dptr_mut(out, st));
+        self.launch_rms_norm(xp, x.len(), w, eps, op)
     }
 
     /// In-place variant of [`CudaDevice::rms_norm`].
@@ -382,30 +363,43 @@ impl CudaDevice {
         w: &CudaSlice<f32>,
         eps: f32,
     ) -> Result<()> {
+        let len = x.len();
+        let xp = dptr_mut(x, self.stream());
+        // A null `y` makes the kernel write x in place.
+        self.launch_rms_norm(xp, len, w, eps, 0)
+    }
+
+    /// One `rms_norm_f32` launch over `len` values at `xp` (rows of w.len()), into `yp` (0: in
+    /// place). The block size here is also the one `add_rms_norm` uses, so both sum alike.
+    fn launch_rms_norm(
+        &self,
+        xp: u64,
+        len: usize,
+        w: &CudaSlice<f32>,
+        eps: f32,
+        yp: u64,
+    ) -> Result<()> {
         let n = w.len();
         ensure!(
-            n > 0 && x.len().is_multiple_of(n),
-            "rms_norm: x has {} values, not a multiple of n = {n}",
-            x.len()
+            n > 0 && len.is_multiple_of(n),
+            "rms_norm: x has {len} values, not a multiple of n = {n}"
         );
-        let rows = x.len() / n;
+        let rows = len / n;
         if rows == 0 {
             return Ok(());
         }
         let f = self.func(Module::Norm, "rms_norm_f32")?;
         let n_i = as_i32(n, "n")?;
-        let null: u64 = 0;
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
-            block_dim: (if n >= 4096 { 512 } else { 256 }, 1, 1),
+            block_dim: (rms_norm_block(n), 1, 1),
             shared_mem_bytes: 0,
         };
         guard("rms_norm", || {
-            let st = self.stream();
-            let xp = dptr_mut(x, st);
-            let mut b = st.launch_builder(&f);
-            b.arg(&xp).arg(w).arg(&null).arg(&n_i).arg(&eps);
-            // SAFETY: as above; a null `y` makes the kernel write x in place.
+            let mut b = self.stream().launch_builder(&f);
+            b.arg(&xp).arg(w).arg(&yp).arg(&n_i).arg(&eps);
+            // SAFETY: argument types match `rms_norm_f32`; x (and y when not null) hold `len`
+            // values, checked by the callers.
             unsafe { b.launch(cfg) }
                 .map(|_| ())
                 .map_err(launch_err("rms_norm_f32"))
