@@ -6,6 +6,7 @@
 
 extern "C" __global__ void swiglu_f32(float* __restrict__ gate, const float* __restrict__ up,
                                       long long n) {
+    grid_dep_begin();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         const float g = gate[i];

@@ -243,36 +243,43 @@ __device__ __forceinline__ void attn_partial(const float* __restrict__ q,
 
 extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)
     attn_partial_hd16_f32(ATT_ARGS) {
+    grid_dep_begin();
     attn_partial<1, 16>(ATT_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)
     attn_partial_hd32_f32(ATT_ARGS) {
+    grid_dep_begin();
     attn_partial<1, 32>(ATT_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)
     attn_partial_hd64_f32(ATT_ARGS) {
+    grid_dep_begin();
     attn_partial<2, 64>(ATT_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)
     attn_partial_hd80_f32(ATT_ARGS) {
+    grid_dep_begin();
     attn_partial<3, 80>(ATT_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)
     attn_partial_hd96_f32(ATT_ARGS) {
+    grid_dep_begin();
     attn_partial<3, 96>(ATT_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)
     attn_partial_hd128_f32(ATT_ARGS) {
+    grid_dep_begin();
     attn_partial<4, 128>(ATT_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)
     attn_partial_hd256_f32(ATT_ARGS) {
+    grid_dep_begin();
     attn_partial<8, 256>(ATT_PASS);
 }
 
@@ -280,6 +287,7 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)
 extern "C" __global__ void attn_combine_f32(const float* __restrict__ part_acc,
                                             const float* __restrict__ part_ml,
                                             float* __restrict__ out, int splits, int hd) {
+    grid_dep_begin();
     const size_t rh = blockIdx.x;
     const int d = threadIdx.x;
     const float* ml = part_ml + rh * splits * 2;

@@ -48,3 +48,39 @@ __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
         : "l"(p));
     return r;
 }
+
+// Programmatic dependent launch (src/launch.rs). `grid_dep_trigger` lets the next kernel in the
+// stream start its blocks now; `grid_dep_wait` returns once the previous kernel has completed and
+// its writes are visible. Every kernel begins with `grid_dep_begin()` (both), or triggers, reads
+// only immutable data (weights), then waits before touching activations or writing anything.
+// Without PDL (ordinary launches, or devices before sm_90) both are no-ops.
+__device__ __forceinline__ void grid_dep_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void grid_dep_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void grid_dep_begin() {
+    grid_dep_trigger();
+    grid_dep_wait();
+}
+
+// The tile layout of bf16 weight matrices [N, K] (what the tensor-core GEMV reads, see gemv.cu):
+// tiles of 16 rows × 32 columns, tile (rb, s) at index rb·S + s with S = ceil(K/32); inside a
+// tile 512 values ordered [h 0..2][g 0..8][q 0..4][e 0..8] = W[16·rb + 8·h + g][32·s + 8·q + e],
+// so lane l = 4g + q of a warp finds its 16-byte A fragment for rows g (h = 0) and g + 8 (h = 1)
+// at value offsets 256·h + 8·l: every warp load is 512 contiguous bytes, and a block streams its
+// rows' tiles front to back. Rows are padded to a multiple of 64 (so every m-tile of a block of
+// up to 4 exists) and columns to a multiple of 32, with zeros.
+__device__ __forceinline__ size_t bf16_tile_index(int r, int c, int k) {
+    const size_t slabs = (size_t)((k + 31) / 32);
+    const size_t tile = (size_t)(r / 16) * slabs + (size_t)(c / 32);
+    const int h = (r % 16) / 8, g = r % 8, q = (c % 32) / 8, e = c % 8;
+    return tile * 512 + (size_t)(256 * h + 8 * (4 * g + q) + e);
+}

@@ -25,6 +25,7 @@ extern "C" __global__ void conv1d_tree_f32(const float* __restrict__ m,
                                            const int* __restrict__ parents,
                                            float* __restrict__ out, float* __restrict__ windows,
                                            int c_dim, int k) {
+    grid_dep_begin();
     const int ch = blockIdx.x * blockDim.x + threadIdx.x;
     const int i = blockIdx.y;
     if (ch >= c_dim) return;

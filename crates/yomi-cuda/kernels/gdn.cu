@@ -21,6 +21,7 @@ extern "C" __global__ void __launch_bounds__(32 * GDN_NW)
                    const float* __restrict__ v, const float* __restrict__ g,
                    const float* __restrict__ beta, float* __restrict__ S, float* __restrict__ o,
                    int hk, int hv, int dk, int dv) {
+    grid_dep_begin();
     __shared__ float ks[GDN_DEC_MAXA * GDN_NW], qs[GDN_DEC_MAXA * GDN_NW];
     __shared__ float part[2][GDN_NW][32];
     __shared__ float kq_s;
@@ -94,6 +95,7 @@ extern "C" __global__ void __launch_bounds__(32 * GDN_NW)
                         const float* __restrict__ beta, const int* __restrict__ parents,
                         const float* __restrict__ S0, float* __restrict__ o, float* fin, int T,
                         int hk, int hv, int dk, int dv) {
+    grid_dep_begin();
     __shared__ float part[2][TV_CH][GDN_NW][32];
     __shared__ float sk[TV_TMAX][32], sq[TV_TMAX][32], us[TV_TMAX][32];
     __shared__ float kk[TV_TMAX][TV_TMAX + 1], qk[TV_TMAX][TV_TMAX + 1];

@@ -2,7 +2,8 @@
 //
 //   out[t, o] = Σ_i x[t, i] · W[o, i]  (+ bias[o])
 //
-// Shapes: W [N, K] row-major (PyTorch [out, in]) stored as f32, bf16 or f16 bits; x [T, K] f32;
+// Shapes: W [N, K] row-major (PyTorch [out, in]) stored as f32 or f16 bits (the SIMT kernels)
+// or bf16 bits in the tile layout (the tensor-core kernel below); x [T, K] f32;
 // bias [N] f32 or null; out [T, N] f32. K must be a multiple of 8 (16-bit weights) or 4 (f32), and
 // x, W 16-byte aligned (whole device allocations are).
 //
@@ -16,7 +17,7 @@
 //
 // Bytes: N·K·sizeof(W) read once + T·K·4 (x, cached) + T·N·4 written. FMAs: T·N·K.
 // Grid: ceil(ceil(N / R) / 8) blocks of 256 threads (8 warps); the tensor-core variant below:
-// ceil(N / 16) blocks of 256 threads.
+// ceil(N / (16·MT)) blocks of 256 threads.
 
 #define GEMV_WARPS 8
 
@@ -113,6 +114,7 @@ __device__ __forceinline__ void gemv_body(const uint4* __restrict__ W, const flo
     extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)                             \
         NAME(const uint4* __restrict__ W, const float* __restrict__ x,                         \
              const float* __restrict__ bias, float* __restrict__ out, int N, int K, int T) {   \
+        grid_dep_begin();                                                                      \
         gemv_body<WT, TM, R, U>(W, x, bias, out, N, K, T);                                     \
     }
 
@@ -130,24 +132,37 @@ __device__ __forceinline__ void gemv_body(const uint4* __restrict__ W, const flo
     GEMV_KERNEL(gemv_##D##_t32_r4_u1, WT, 32, 4, 1)
 
 GEMV_DTYPE(f32, 0)
-GEMV_DTYPE(bf16, 1)
 GEMV_DTYPE(f16, 2)
 
-GEMV_KERNEL(gemv_bf16_t1_r4_u2, 1, 1, 4, 2)
-GEMV_KERNEL(gemv_bf16_t16_r2_u2, 1, 16, 2, 2)
 
 // ---------------------------------------------------------------------------------------------
-// Tensor-core variant for bf16 weights (same math, same shapes and alignment rules as above).
+// Tensor-core kernel for bf16 weights (same math as above; W in the tile layout of
+// `bf16_tile_index`, common.cuh, which `pack_bf16_tiles` in glue.cu writes at upload; K a
+// multiple of 8 for the x loads). bf16 matrices have only this kernel.
 //
-// One block of 8 warps owns 16 output rows; warp w takes the 32-wide K slabs s ≡ w (mod 8), in
-// runs of U slabs, and the block sums the 8 partial results through shared memory at the end.
-// Per slab, lane (g = lane/4, q = lane%4) loads 16 bytes of row g and of row g+8 at k = 32s + 8q
-// (each weight read once, 16-byte streaming loads) and uses them, unchanged, as the A fragments
-// of two mma.sync.m16n8k16 (bf16 × bf16 → f32): the dot product does not depend on the order of
-// k, so k is permuted the same way in A and B and no shuffle is needed. B holds x[t = 8n + g][same
-// 8 k values] for n-tile n (NT tiles of 8 rows: T ≤ 8·NT). x stays f32 in memory and is split in
-// registers as x = hi + lo with hi = bf16(x), lo = bf16(x − hi), so W·x costs two MMAs and keeps
-// about 16 significant bits of x (bf16 weights are exact in the MMA); accumulation is f32.
+// A block of 8 warps owns 16·MT output rows (MT m-tiles of 16). K is cut into 32-wide slabs;
+// warp w takes the slabs s ≡ w (mod 8) in increasing order, U slabs per pipeline stage, and the
+// block sums the 8 warps' partial results through shared memory at the end, in warp order.
+// Per slab and m-tile, lane (g = lane/4, q = lane%4) loads 16 bytes of row g and of row g+8 at
+// k = 32s + 8q (each weight read once; in the tile layout each warp load is 512 contiguous bytes
+// and a block reads its 16·MT rows front to back) and uses them, unchanged, as the
+// A fragments of two mma.sync.m16n8k16 (bf16 × bf16 → f32): the dot product does not depend on
+// the order of k, so k is permuted the same way in A and B and no shuffle is needed. B holds
+// x[t = 8n + g][same 8 k values] for n-tile n (NT tiles of 8 rows: T ≤ 8·NT), loaded once per
+// slab and shared by the MT m-tiles. x stays f32 in memory and is split in registers as
+// x = hi + lo with hi = bf16(x), lo = bf16(x − hi), so W·x costs two MMAs and keeps about 16
+// significant bits of x (bf16 weights are exact in the MMA); accumulation is f32.
+//
+// Batch invariance: a row's sum runs over the same slabs in the same order whatever T, MT or U
+// (warp w always owns s ≡ w mod 8; U only says how many are loaded ahead), the four products of
+// a slab (k-half 0/1 × hi/lo) go to four accumulators combined as (a0 + a1) + (a2 + a3) at the
+// end, and the warps are summed in order. So every (MT, NT, U) variant gives bit-identical
+// results, and a row's output does not depend on how many rows share the pass. The four
+// accumulators also make the four MMAs of a slab independent, so they pipeline.
+//
+// Pipeline: the next stage's weights are loaded before the current stage's MMAs, and with
+// programmatic dependent launch the first stage is loaded before `grid_dep_wait()`: weights are
+// immutable, so they stream in while the previous kernel finishes.
 __device__ __forceinline__ u32 pack_bf16x2(float lo_elem, float hi_elem) {
     u32 d;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi_elem), "f"(lo_elem));
@@ -163,39 +178,60 @@ __device__ __forceinline__ void mma_bf16_16816(float* c, u32 a0, u32 a1, u32 a2,
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-template <int NT, int U>
-__device__ __forceinline__ void gemv_bf16_mma_body(const uint4* __restrict__ W,
-                                                   const float* __restrict__ x,
-                                                   const float* __restrict__ bias,
-                                                   float* __restrict__ out, int N, int K, int T) {
-    __shared__ float red[GEMV_WARPS][NT][4][32];
+// Loads the A fragments of U slabs (s0, s0 + 8, …) for the MT m-tiles from the tile layout:
+// tile (rb, s) holds 64 16-byte fragments, rows g then g + 8 for lane l at l and 32 + l.
+// Padding tiles are zero, so only the slab index is bounded.
+template <int MT, int U>
+__device__ __forceinline__ void tc_load_stage(const uint4* __restrict__ W, int rb0, int lane,
+                                              int nslab, int s0, uint4 (&va)[U][MT],
+                                              uint4 (&vb)[U][MT]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int s = s0 + GEMV_WARPS * u;
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            const uint4* tile = W + ((size_t)(rb0 + m) * nslab + s) * 64;
+            va[u][m] = s < nslab ? ld_stream16(tile + lane) : make_uint4(0u, 0u, 0u, 0u);
+            vb[u][m] = s < nslab ? ld_stream16(tile + 32 + lane) : make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
+
+template <int MT, int NT, int U>
+__device__ __forceinline__ void gemv_bf16_tc_body(const uint4* __restrict__ W,
+                                                  const float* __restrict__ x,
+                                                  const float* __restrict__ bias,
+                                                  float* __restrict__ out, int N, int K, int T) {
+    __shared__ float red[GEMV_WARPS][MT][NT][4][32];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
-    const int row0 = blockIdx.x * 16;
-    const bool ra = row0 + g < N, rb = row0 + g + 8 < N;
-    const size_t kc8 = (size_t)K / 8;  // 16-byte chunks per row
-    const uint4* wa = W + (size_t)(row0 + g) * kc8;
-    const uint4* wb = W + (size_t)(row0 + g + 8) * kc8;
+    const int row0 = blockIdx.x * 16 * MT, rb0 = blockIdx.x * MT;
     const int nslab = (K + 31) / 32;
-    float acc[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[n][j] = 0.0f;
+    constexpr int STEP = GEMV_WARPS * U;  // slabs a stage advances
 
-    for (int s0 = w * U; s0 < nslab; s0 += GEMV_WARPS * U) {
-        uint4 va[U], vb[U];
+    uint4 va[U][MT], vb[U][MT];
+    tc_load_stage<MT, U>(W, rb0, lane, nslab, w, va, vb);
+    grid_dep_wait();
+
+    float acc[MT][NT][4][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int a = 0; a < 4; ++a)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[m][n][a][j] = 0.0f;
+
+    for (int s0 = w; s0 < nslab; s0 += STEP) {
+        uint4 na[U][MT], nb[U][MT];
+        const bool more = s0 + STEP < nslab;
+        if (more) tc_load_stage<MT, U>(W, rb0, lane, nslab, s0 + STEP, na, nb);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const int k = (s0 + u) * 32 + 8 * q;
-            const bool in = s0 + u < nslab && k < K;
-            va[u] = (in && ra) ? ld_stream16(wa + k / 8) : make_uint4(0u, 0u, 0u, 0u);
-            vb[u] = (in && rb) ? ld_stream16(wb + k / 8) : make_uint4(0u, 0u, 0u, 0u);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            if (s0 + u < nslab) {
-                const int k = (s0 + u) * 32 + 8 * q;
+            const int s = s0 + GEMV_WARPS * u;
+            if (s < nslab) {
+                const int k = s * 32 + 8 * q;
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
                     const int t = 8 * n + g;
@@ -217,42 +253,65 @@ __device__ __forceinline__ void gemv_bf16_mma_body(const uint4* __restrict__ W,
                         const float h1 = __uint_as_float(hi[p] & 0xffff0000u);
                         lo[p] = pack_bf16x2(xv[2 * p] - h0, xv[2 * p + 1] - h1);
                     }
-                    mma_bf16_16816(acc[n], va[u].x, vb[u].x, va[u].y, vb[u].y, hi[0], hi[1]);
-                    mma_bf16_16816(acc[n], va[u].x, vb[u].x, va[u].y, vb[u].y, lo[0], lo[1]);
-                    mma_bf16_16816(acc[n], va[u].z, vb[u].z, va[u].w, vb[u].w, hi[2], hi[3]);
-                    mma_bf16_16816(acc[n], va[u].z, vb[u].z, va[u].w, vb[u].w, lo[2], lo[3]);
+#pragma unroll
+                    for (int m = 0; m < MT; ++m) {
+                        const uint4 A = va[u][m], B = vb[u][m];
+                        mma_bf16_16816(acc[m][n][0], A.x, B.x, A.y, B.y, hi[0], hi[1]);
+                        mma_bf16_16816(acc[m][n][1], A.x, B.x, A.y, B.y, lo[0], lo[1]);
+                        mma_bf16_16816(acc[m][n][2], A.z, B.z, A.w, B.w, hi[2], hi[3]);
+                        mma_bf16_16816(acc[m][n][3], A.z, B.z, A.w, B.w, lo[2], lo[3]);
+                    }
                 }
             }
         }
+        if (!more) break;
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                va[u][m] = na[u][m];
+                vb[u][m] = nb[u][m];
+            }
     }
 #pragma unroll
-    for (int n = 0; n < NT; ++n)
+    for (int m = 0; m < MT; ++m)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) red[w][n][j][lane] = acc[n][j];
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                red[w][m][n][j][lane] =
+                    (acc[m][n][0][j] + acc[m][n][1][j]) + (acc[m][n][2][j] + acc[m][n][3][j]);
     __syncthreads();
-    for (int i = threadIdx.x; i < NT * 4 * 32; i += 32 * GEMV_WARPS) {
-        const int n = i / 128, j = (i / 32) % 4, l = i % 32;
+    for (int i = threadIdx.x; i < MT * NT * 4 * 32; i += 32 * GEMV_WARPS) {
+        const int m = i / (NT * 128), n = (i / 128) % NT, j = (i / 32) % 4, l = i % 32;
         float s = 0.0f;
 #pragma unroll
-        for (int v = 0; v < GEMV_WARPS; ++v) s += red[v][n][j][l];
+        for (int v = 0; v < GEMV_WARPS; ++v) s += red[v][m][n][j][l];
         // C fragment: c0, c1 at (row g, col 2q + {0, 1}); c2, c3 at (row g + 8, same cols).
-        const int row = row0 + (l >> 2) + (j >= 2 ? 8 : 0);
+        const int row = row0 + 16 * m + (l >> 2) + (j >= 2 ? 8 : 0);
         const int t = 8 * n + 2 * (l & 3) + (j & 1);
         if (row < N && t < T) out[(size_t)t * N + row] = s + (bias ? bias[row] : 0.0f);
     }
 }
 
-#define GEMV_MMA_KERNEL(NT, U)                                                                 \
+#define GEMV_TC_KERNEL(MT, NT, U)                                                              \
     extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)                             \
-        gemv_bf16_mma_n##NT##_u##U(const uint4* __restrict__ W, const float* __restrict__ x,   \
-                                   const float* __restrict__ bias, float* __restrict__ out,    \
-                                   int N, int K, int T) {                                      \
-        gemv_bf16_mma_body<NT, U>(W, x, bias, out, N, K, T);                                   \
+        gemv_bf16_tc_m##MT##_n##NT##_u##U(const uint4* __restrict__ W,                         \
+                                          const float* __restrict__ x,                         \
+                                          const float* __restrict__ bias,                      \
+                                          float* __restrict__ out, int N, int K, int T) {      \
+        grid_dep_trigger();                                                                    \
+        gemv_bf16_tc_body<MT, NT, U>(W, x, bias, out, N, K, T);                                \
     }
 
-GEMV_MMA_KERNEL(1, 2)
-GEMV_MMA_KERNEL(1, 4)
-GEMV_MMA_KERNEL(2, 2)
-GEMV_MMA_KERNEL(2, 4)
-GEMV_MMA_KERNEL(4, 2)
-GEMV_MMA_KERNEL(4, 4)
+// Name: gemv_bf16_tc_m<MT>_n<NT>_u<U>; the Rust side's TC_VARIANTS lists these.
+GEMV_TC_KERNEL(1, 1, 2)
+GEMV_TC_KERNEL(1, 1, 4)
+GEMV_TC_KERNEL(2, 1, 2)
+GEMV_TC_KERNEL(1, 2, 2)
+GEMV_TC_KERNEL(2, 2, 1)
+GEMV_TC_KERNEL(2, 2, 2)
+GEMV_TC_KERNEL(4, 2, 1)
+GEMV_TC_KERNEL(1, 4, 2)
+GEMV_TC_KERNEL(2, 4, 1)
+GEMV_TC_KERNEL(2, 4, 2)

@@ -251,8 +251,9 @@ __device__ __forceinline__ void qgemv_body(const QPtrs a, const float* __restric
 #pragma unroll
         for (int t = 0; t < TM; ++t) acc[r][t] = 0.0f;
 
-    for (int c0 = lane; c0 < nu; c0 += 32 * U) {
-        QRaw raw[U][R];
+    // The blocks of U units the warp loads at c0 (weights only: safe before grid_dep_wait).
+    QRaw raw[U][R];
+    auto load = [&](int c0) {
 #pragma unroll
         for (int u = 0; u < U; ++u)
 #pragma unroll
@@ -263,6 +264,12 @@ __device__ __forceinline__ void qgemv_body(const QPtrs a, const float* __restric
                 else
                     q_zero(raw[u][r]);
             }
+    };
+    // The first units stream in while the previous kernel finishes (programmatic launch).
+    load(lane);
+    grid_dep_wait();
+    for (int c0 = lane; c0 < nu; c0 += 32 * U) {
+        if (c0 != lane) load(c0);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int c = c0 + 32 * u;
@@ -380,6 +387,7 @@ __device__ __forceinline__ void qgemv_body(const QPtrs a, const float* __restric
              const unsigned char* __restrict__ a2, const unsigned char* __restrict__ a3,       \
              const float* __restrict__ x, const float* __restrict__ bias,                      \
              float* __restrict__ out, int N, int K, int T) {                                   \
+        grid_dep_trigger();                                                                    \
         qgemv_body<F, TM, R, U>(QPtrs{a0, a1, a2, a3}, x, bias, out, N, K, T);                 \
     }
 
@@ -422,6 +430,7 @@ __device__ __forceinline__ void dequant_rows_body(const QPtrs a, const int* __re
                                     const unsigned char* __restrict__ a3,                      \
                                     const int* __restrict__ ids, float* __restrict__ out,      \
                                     int N, int K) {                                            \
+        grid_dep_begin();                                                                      \
         dequant_rows_body<F>(QPtrs{a0, a1, a2, a3}, ids, out, N, K);                           \
     }
 

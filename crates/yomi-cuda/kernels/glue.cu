@@ -5,24 +5,52 @@
 
 // ---------------------------------------------------------------------------------------------
 // Embedding gather: out[i, :] = table[ids[i], :] as f32.
-// Shapes: table [V, H] (f32, bf16 or f16 bits), ids [T] i32, out [T, H] f32.
+// Shapes: table [V, H] (f32, f16 bits row-major, or bf16 bits in the tile layout), ids [T] i32,
+// out [T, H] f32.
 // Grid (T), any block size.
 extern "C" __global__ void embed_f32(const float* __restrict__ table, const int* __restrict__ ids,
                                      float* __restrict__ out, int h) {
+    grid_dep_begin();
     const float* src = table + (size_t)ids[blockIdx.x] * h;
     float* dst = out + (size_t)blockIdx.x * h;
     for (int i = threadIdx.x; i < h; i += blockDim.x) dst[i] = src[i];
 }
 
+// bf16 tables are stored in the tensor-core tile layout (see `bf16_tile_index` in common.cuh).
 extern "C" __global__ void embed_bf16(const u16* __restrict__ table, const int* __restrict__ ids,
                                       float* __restrict__ out, int h) {
-    const u16* src = table + (size_t)ids[blockIdx.x] * h;
+    grid_dep_begin();
+    const int r = ids[blockIdx.x];
     float* dst = out + (size_t)blockIdx.x * h;
-    for (int i = threadIdx.x; i < h; i += blockDim.x) dst[i] = bf16_to_f32(src[i]);
+    for (int i = threadIdx.x; i < h; i += blockDim.x)
+        dst[i] = bf16_to_f32(table[bf16_tile_index(r, i, h)]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// bf16 row-major [N, K] → the tile layout of `bf16_tile_index` (padding zeroed).
+// Shapes: src [N, K] u16; dst [ceil(N/64)·64 · ceil(K/32)·32] u16. Grid: one thread per 8
+// destination values (a lane's 16-byte fragment).
+extern "C" __global__ void pack_bf16_tiles(const u16* __restrict__ src, u16* __restrict__ dst,
+                                           int n, int k) {
+    grid_dep_begin();
+    const long long f = (long long)blockIdx.x * blockDim.x + threadIdx.x;  // fragment index
+    const int slabs = (k + 31) / 32;
+    const long long frags = (long long)((n + 63) / 64) * 4 * slabs * 64;
+    if (f >= frags) return;
+    const long long tile = f / 64;
+    const int in_tile = (int)(f % 64), hh = in_tile / 32, lane = in_tile % 32;
+    const int rb = (int)(tile / slabs), s = (int)(tile % slabs);
+    const int r = 16 * rb + 8 * hh + lane / 4, k0 = 32 * s + 8 * (lane % 4);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        const int c = k0 + e;
+        dst[f * 8 + e] = (r < n && c < k) ? src[(size_t)r * k + c] : (u16)0;
+    }
 }
 
 extern "C" __global__ void embed_f16(const u16* __restrict__ table, const int* __restrict__ ids,
                                      float* __restrict__ out, int h) {
+    grid_dep_begin();
     const u16* src = table + (size_t)ids[blockIdx.x] * h;
     float* dst = out + (size_t)blockIdx.x * h;
     for (int i = threadIdx.x; i < h; i += blockDim.x) dst[i] = f16_to_f32(src[i]);
@@ -31,6 +59,7 @@ extern "C" __global__ void embed_f16(const u16* __restrict__ table, const int* _
 // ---------------------------------------------------------------------------------------------
 // Residual add: y[i] += x[i], n values. One thread per value.
 extern "C" __global__ void add_f32(float* __restrict__ y, const float* __restrict__ x, long long n) {
+    grid_dep_begin();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] += x[i];
 }
@@ -41,6 +70,7 @@ extern "C" __global__ void add_f32(float* __restrict__ y, const float* __restric
 // One thread per (row-head, i): T·heads·hd threads.
 extern "C" __global__ void split_q_gate_f32(const float* __restrict__ qf, float* __restrict__ q,
                                             float* __restrict__ gate, long long n, int hd) {
+    grid_dep_begin();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= n) return;
     const long long rh = idx / hd;
@@ -52,6 +82,7 @@ extern "C" __global__ void split_q_gate_f32(const float* __restrict__ qf, float*
 // o[i] *= sigmoid(gate[i]) (the attention output gate), n values, one thread each.
 extern "C" __global__ void sigmoid_mul_f32(float* __restrict__ o, const float* __restrict__ gate,
                                            long long n) {
+    grid_dep_begin();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) o[i] *= 1.0f / (1.0f + expf(-gate[i]));
 }
@@ -67,6 +98,7 @@ extern "C" __global__ void sigmoid_mul_f32(float* __restrict__ o, const float* _
 extern "C" __global__ void gdn_split_qkv_f32(const float* __restrict__ mc, float* __restrict__ q,
                                              float* __restrict__ k, float* __restrict__ v, int hk,
                                              int dk, int vd, float qscale, float eps) {
+    grid_dep_begin();
     __shared__ float red[33];
     const int t = blockIdx.x, y = blockIdx.y;
     const int kd = hk * dk, c = 2 * kd + vd;
@@ -99,6 +131,7 @@ extern "C" __global__ void gdn_gate_beta_f32(const float* __restrict__ braw,
                                              const float* __restrict__ dt_bias,
                                              float* __restrict__ g, float* __restrict__ beta,
                                              int n, int hv) {
+    grid_dep_begin();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const int h = i % hv;
@@ -113,6 +146,7 @@ extern "C" __global__ void gdn_gate_beta_f32(const float* __restrict__ braw,
 // Grid (rows), any block size that is a multiple of 32.
 extern "C" __global__ void rms_norm_gated_f32(float* __restrict__ o, const float* __restrict__ z,
                                               const float* __restrict__ w, int n, float eps) {
+    grid_dep_begin();
     __shared__ float red[33];
     float* orow = o + (size_t)blockIdx.x * n;
     const float* zrow = z + (size_t)blockIdx.x * n;
@@ -133,6 +167,7 @@ extern "C" __global__ void rms_norm_gated_f32(float* __restrict__ o, const float
 // Grid (n_idx), any block size.
 extern "C" __global__ void gather_rows_f32(const float* __restrict__ src, float* __restrict__ dst,
                                            const int* __restrict__ idx, int len) {
+    grid_dep_begin();
     const float* s = src + (size_t)idx[blockIdx.x] * len;
     float* d = dst + (size_t)blockIdx.x * len;
     for (int i = threadIdx.x; i < len; i += blockDim.x) d[i] = s[i];
@@ -146,6 +181,7 @@ extern "C" __global__ void gather_rows_f32(const float* __restrict__ src, float*
 extern "C" __global__ void kv_store_f32(const float* __restrict__ src, float* __restrict__ cache,
                                         const int* __restrict__ committed, int t_rows, int stride,
                                         int capacity) {
+    grid_dep_begin();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)t_rows * stride) return;
     const int i = (int)(idx / stride);
@@ -162,6 +198,7 @@ extern "C" __global__ void kv_store_f32(const float* __restrict__ src, float* __
 extern "C" __global__ void split_cols_f32(const float* __restrict__ src, int n, int total,
                                           float* d0, int o0, int w0, float* d1, int o1, int w1,
                                           float* d2, int o2, int w2, float* d3, int o3, int w3) {
+    grid_dep_begin();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)n * total) return;
     const int r = (int)(idx / total), c = (int)(idx % total);
@@ -176,6 +213,7 @@ extern "C" __global__ void split_cols_f32(const float* __restrict__ src, int n, 
 // → out [n, I] = silu(gate) · up. One thread per output value.
 extern "C" __global__ void swiglu_pair_f32(const float* __restrict__ gu, float* __restrict__ out,
                                            int n, int inter) {
+    grid_dep_begin();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)n * inter) return;
     const long long r = idx / inter;
@@ -190,6 +228,7 @@ extern "C" __global__ void swiglu_pair_f32(const float* __restrict__ gu, float* 
 extern "C" __global__ void add_rms_norm_f32(float* __restrict__ h, const float* __restrict__ y,
                                             const float* __restrict__ w, float* __restrict__ x,
                                             int n, float eps) {
+    grid_dep_begin();
     __shared__ float red[33];
     float* hr = h + (size_t)blockIdx.x * n;
     const float* yr = y + (size_t)blockIdx.x * n;

@@ -9,6 +9,7 @@
 
 extern "C" __global__ void rms_norm_f32(float* __restrict__ x, const float* __restrict__ w,
                                         float* y, int n, float eps) {
+    grid_dep_begin();
     __shared__ float red[33];
     float* xr = x + (size_t)blockIdx.x * n;
     float* yr = (y ? y : x) + (size_t)blockIdx.x * n;

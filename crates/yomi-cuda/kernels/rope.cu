@@ -12,6 +12,7 @@
 extern "C" __global__ void rope_neox_f32(float* __restrict__ x, const int* __restrict__ pos,
                                          const float* __restrict__ inv_freq, int t_rows,
                                          int heads, int head_dim, int rot) {
+    grid_dep_begin();
     const int half = rot >> 1;
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long total = (long long)t_rows * heads * half;

@@ -10,7 +10,7 @@
 use std::ops::Range;
 
 use cudarc::driver::sys::CUdevice_attribute;
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 use yomi_core::TreeBatch;
 
 use crate::device::CudaDevice;
@@ -382,7 +382,7 @@ impl CudaDevice {
                 dptr(anc, st),
                 dptr_mut(out, st),
             );
-            let mut b = st.launch_builder(&fp);
+            let mut b = self.launch(&fp);
             b.arg(&qp)
                 .arg(k_cache)
                 .arg(v_cache)
@@ -402,7 +402,7 @@ impl CudaDevice {
             unsafe { b.launch(cfg_p) }
                 .map(|_| ())
                 .map_err(launch_err(&pname))?;
-            let mut b = self.stream().launch_builder(&fc);
+            let mut b = self.launch(&fc);
             b.arg(&scratch.acc)
                 .arg(&scratch.ml)
                 .arg(&op)

@@ -1,7 +1,7 @@
 //! Causal depthwise conv1d with state and tree parents (the Gated DeltaNet short convolution) on
 //! the device; math and shapes in `kernels/conv.cu`'s header.
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
 use crate::device::CudaDevice;
 use crate::error::{Result, ensure};
@@ -110,7 +110,7 @@ impl CudaDevice {
             let st = self.stream();
             let (mp, sp, pp) = (dptr(m, st), dptr(state, st), dptr(parents, st));
             let (op, wp) = (dptr_mut(out, st), dptr_mut(windows, st));
-            let mut b = st.launch_builder(&f);
+            let mut b = self.launch(&f);
             b.arg(&mp)
                 .arg(&sp)
                 .arg(w)

@@ -33,6 +33,8 @@ pub struct CudaDevice {
     stream: Arc<CudaStream>,
     name: String,
     cc: (i32, i32),
+    /// Launch with programmatic dependent launch ([`crate::launch`]).
+    pdl: bool,
     arch: String,
     cache_dir: Option<PathBuf>,
     modules: Mutex<HashMap<Module, Arc<CudaModule>>>,
@@ -83,6 +85,7 @@ impl CudaDevice {
                 stream,
                 name,
                 cc,
+                pdl: crate::launch::pdl_enabled(cc.0),
                 cache_dir: kernels::cache_dir(),
                 modules: Mutex::new(HashMap::new()),
                 funcs: Mutex::new(HashMap::new()),
@@ -106,6 +109,16 @@ impl CudaDevice {
     /// The NVRTC target, `sm_XY`.
     pub fn arch(&self) -> &str {
         &self.arch
+    }
+
+    /// Whether kernels launch with programmatic dependent launch (sm_90+ and `YOMI_CUDA_PDL=1`).
+    pub fn pdl(&self) -> bool {
+        self.pdl
+    }
+
+    /// A launch of `f` on this device's stream.
+    pub(crate) fn launch<'a>(&'a self, f: &'a CudaFunction) -> crate::launch::Launch<'a> {
+        crate::launch::Launch::new(&self.stream, f, self.pdl)
     }
 
     pub fn context(&self) -> &Arc<CudaContext> {

@@ -2,7 +2,7 @@
 //! attention output gate, Gated DeltaNet input preparation and gated norm. Shapes are checked on
 //! the host; each op is one launch on the device's stream.
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
 use crate::device::CudaDevice;
 use crate::error::{Result, ensure};
@@ -56,13 +56,44 @@ impl CudaDevice {
                 .data_ptr(st)
                 .ok_or_else(|| crate::error::CudaError::Invalid("embed: quantized table".into()))?;
             let (ip, op) = (dptr(ids, st), dptr_mut(out, st));
-            let mut b = st.launch_builder(&f);
+            let mut b = self.launch(&f);
             b.arg(&tp).arg(&ip).arg(&op).arg(&h);
             // SAFETY: argument types match the embed kernels; lengths checked above.
             unsafe { b.launch(cfg) }
                 .map(|_| ())
                 .map_err(launch_err(name))
         })
+    }
+
+    /// bf16 bits `raw` [rows, cols] row-major → a new buffer in the tile layout
+    /// ([`crate::ops::bf16_tile_index`]), padding zeroed. Runs once per matrix at upload.
+    pub(crate) fn pack_bf16_tiles(
+        &self,
+        raw: &CudaSlice<u16>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<CudaSlice<u16>> {
+        ensure!(
+            raw.len() == rows * cols,
+            "pack_bf16_tiles: {} values, not {rows}×{cols}",
+            raw.len()
+        );
+        let len = crate::ops::bf16_tiles_len(rows, cols);
+        let mut dst = self.alloc_zeros::<u16>(len.max(1))?;
+        if len == 0 {
+            return Ok(dst);
+        }
+        let f = self.func(Module::Glue, "pack_bf16_tiles")?;
+        let (n_i, k_i) = (as_i32(rows, "rows")?, as_i32(cols, "cols")?);
+        guard("pack_bf16_tiles", || {
+            let mut b = self.launch(&f);
+            b.arg(raw).arg(&mut dst).arg(&n_i).arg(&k_i);
+            // SAFETY: argument types match `pack_bf16_tiles`; dst holds the padded layout.
+            unsafe { b.launch(grid_1d((len / 8) as u64)) }
+                .map(|_| ())
+                .map_err(launch_err("pack_bf16_tiles"))
+        })?;
+        Ok(dst)
     }
 
     /// `y += x` element-wise.
@@ -85,7 +116,7 @@ impl CudaDevice {
         guard("add", || {
             let st = self.stream();
             let (yp, xp) = (dptr_mut(y, st), dptr(x, st));
-            let mut b = st.launch_builder(&f);
+            let mut b = self.launch(&f);
             b.arg(&yp).arg(&xp).arg(&n);
             // SAFETY: argument types match `add_f32`; lengths checked.
             unsafe { b.launch(grid_1d(n as u64)) }
@@ -119,7 +150,7 @@ impl CudaDevice {
         guard("split_q_gate", || {
             let st = self.stream();
             let (fp, qp, gp) = (dptr(qf, st), dptr_mut(q, st), dptr_mut(gate, st));
-            let mut b = st.launch_builder(&f);
+            let mut b = self.launch(&f);
             b.arg(&fp).arg(&qp).arg(&gp).arg(&n).arg(&hd_i);
             // SAFETY: argument types match `split_q_gate_f32`; lengths checked.
             unsafe { b.launch(grid_1d(n as u64)) }
@@ -148,7 +179,7 @@ impl CudaDevice {
         guard("sigmoid_mul", || {
             let st = self.stream();
             let (op, gp) = (dptr_mut(o, st), dptr(gate, st));
-            let mut b = st.launch_builder(&f);
+            let mut b = self.launch(&f);
             b.arg(&op).arg(&gp).arg(&n);
             // SAFETY: argument types match `sigmoid_mul_f32`; lengths checked.
             unsafe { b.launch(grid_1d(n as u64)) }
@@ -204,7 +235,7 @@ impl CudaDevice {
                 dptr_mut(k, st),
                 dptr_mut(v, st),
             );
-            let mut b = st.launch_builder(&f);
+            let mut b = self.launch(&f);
             b.arg(&mp).arg(&qp).arg(&kp).arg(&vp);
             for d in &dims {
                 b.arg(d);
@@ -256,7 +287,7 @@ impl CudaDevice {
                 dptr_mut(g, st),
                 dptr_mut(beta, st),
             );
-            let mut b = st.launch_builder(&f);
+            let mut b = self.launch(&f);
             b.arg(&bp)
                 .arg(&ap)
                 .arg(neg_exp_a)
@@ -302,7 +333,7 @@ impl CudaDevice {
         guard("rms_norm_gated", || {
             let st = self.stream();
             let (op, zp) = (dptr_mut(o, st), dptr(z, st));
-            let mut b = st.launch_builder(&f);
+            let mut b = self.launch(&f);
             b.arg(&op).arg(&zp).arg(w).arg(&n_i).arg(&eps);
             // SAFETY: argument types match `rms_norm_gated_f32`; lengths checked.
             unsafe { b.launch(cfg) }
@@ -340,7 +371,7 @@ impl CudaDevice {
         guard("gather_rows", || {
             let st = self.stream();
             let (sp, ip, dp) = (dptr(src, st), dptr(idx, st), dptr_mut(dst, st));
-            let mut b = st.launch_builder(&f);
+            let mut b = self.launch(&f);
             b.arg(&sp).arg(&dp).arg(&ip).arg(&len_i);
             // SAFETY: argument types match `gather_rows_f32`; lengths checked.
             unsafe { b.launch(cfg) }
@@ -377,7 +408,7 @@ impl CudaDevice {
         guard("kv_store", || {
             let st = self.stream();
             let (sp, cp) = (dptr(src, st), dptr(committed, st));
-            let mut b = st.launch_builder(&f);
+            let mut b = self.launch(&f);
             b.arg(&sp)
                 .arg(&mut *cache)
                 .arg(&cp)
@@ -430,7 +461,7 @@ impl CudaDevice {
         let (n_i, t_i) = (as_i32(n, "n")?, as_i32(total, "total")?);
         guard("split_cols", || {
             let sp = dptr(src, st);
-            let mut b = st.launch_builder(&f);
+            let mut b = self.launch(&f);
             b.arg(&sp).arg(&n_i).arg(&t_i);
             for a in &args {
                 b.arg(&a.0).arg(&a.1).arg(&a.2);
@@ -466,7 +497,7 @@ impl CudaDevice {
         guard("swiglu_pair", || {
             let st = self.stream();
             let (gp, op) = (dptr(gu, st), dptr_mut(out, st));
-            let mut b = st.launch_builder(&f);
+            let mut b = self.launch(&f);
             b.arg(&gp).arg(&op).arg(&n_i).arg(&i_i);
             // SAFETY: argument types match `swiglu_pair_f32`; lengths checked.
             unsafe { b.launch(grid_1d((n * inter) as u64)) }
@@ -506,7 +537,7 @@ impl CudaDevice {
         guard("add_rms_norm", || {
             let st = self.stream();
             let (hp, yp, xp) = (dptr_mut(h, st), dptr(y, st), dptr_mut(x, st));
-            let mut b = st.launch_builder(&f);
+            let mut b = self.launch(&f);
             b.arg(&hp).arg(&yp).arg(w).arg(&xp).arg(&n_i).arg(&eps);
             // SAFETY: argument types match `add_rms_norm_f32`; lengths checked.
             unsafe { b.launch(cfg) }

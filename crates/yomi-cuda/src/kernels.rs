@@ -91,6 +91,7 @@ impl Module {
             Module::Glue => [
                 "embed_f32",
                 "embed_bf16",
+                "pack_bf16_tiles",
                 "embed_f16",
                 "add_f32",
                 "split_q_gate_f32",
@@ -361,12 +362,50 @@ mod tests {
         }
     }
 
+    /// The PDL contract of `src/launch.rs`: every kernel's first statement is `grid_dep_begin()`
+    /// (let the next kernel start, then wait for the previous one), or `grid_dep_trigger()` for
+    /// the kernels that load weights before they wait, whose body must then call
+    /// `grid_dep_wait()`. A kernel that skipped the wait could read a previous kernel's output
+    /// before it is written once launches overlap.
+    #[test]
+    fn every_kernel_keeps_the_pdl_contract() {
+        let mut kernels = 0;
+        for m in Module::ALL {
+            let src = m.file_source();
+            for (at, _) in src.match_indices("__global__") {
+                let body = &src[at..];
+                let open = body.find('{').expect("kernel without a body");
+                let first =
+                    body[open + 1..].trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
+                let line = &src[..at].lines().count() + 1;
+                if first.starts_with("grid_dep_trigger();") {
+                    // The wait lives in the body function the kernel calls; the only such
+                    // kernels are the tensor-core GEMVs, whose body waits after its first loads.
+                    assert!(
+                        src.contains("grid_dep_wait();"),
+                        "{}.cu:{line}: triggers but never waits",
+                        m.name()
+                    );
+                } else {
+                    assert!(
+                        first.starts_with("grid_dep_begin();"),
+                        "{}.cu:{line}: a kernel that does not start with grid_dep_begin()",
+                        m.name()
+                    );
+                }
+                kernels += 1;
+            }
+        }
+        assert!(kernels >= 30, "only {kernels} kernels found");
+    }
+
     /// The GEMV kernels are stamped out by macros: `gemv_<dtype>_t<T>_r<R>_u<U>` and
-    /// `gemv_bf16_mma_n<NT>_u<U>`.
+    /// `gemv_bf16_tc_m<MT>_n<NT>_u<U>`.
     fn gemv_macro_defines(src: &str, name: &str) -> bool {
-        if let Some(rest) = name.strip_prefix("gemv_bf16_mma_n") {
+        if let Some(rest) = name.strip_prefix("gemv_bf16_tc_m") {
+            let (m, rest) = rest.split_once("_n").unwrap();
             let (nt, u) = rest.split_once("_u").unwrap();
-            return src.contains(&format!("GEMV_MMA_KERNEL({nt}, {u})"));
+            return src.contains(&format!("GEMV_TC_KERNEL({m}, {nt}, {u})"));
         }
         let Some(rest) = name.strip_prefix("gemv_") else {
             return false;

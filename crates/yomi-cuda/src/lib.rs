@@ -29,6 +29,7 @@ mod device;
 mod error;
 mod glue;
 pub mod kernels;
+mod launch;
 pub mod model;
 mod ops;
 mod quant;
@@ -41,7 +42,10 @@ pub use conv::CONV_MAX_K;
 pub use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 pub use device::{CudaDevice, ModuleInfo};
 pub use error::{CudaError, Result};
-pub use ops::{DeviceMatrix, GdnDeviceRows, GdnShape, GemvKernel, WeightDtype, gemv_variant};
+pub use ops::{
+    DeviceMatrix, GdnDeviceRows, GdnShape, GemvKernel, WeightDtype, bf16_tile_index,
+    bf16_tiles_len, gemv_variant,
+};
 pub use quant::QuantFormat;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};

@@ -2,7 +2,7 @@
 //! device's stream. Nothing here synchronizes; the math and shapes of each op are in its `.cu`
 //! file's header comment.
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig};
 
 use crate::device::CudaDevice;
 use crate::error::{CudaError, Result, ensure};
@@ -53,8 +53,11 @@ impl WeightDtype {
 
 pub(crate) enum Weights {
     F32(CudaSlice<f32>),
-    /// bf16 or f16 bit patterns.
+    /// f16 bit patterns, row-major.
     Half(CudaSlice<u16>),
+    /// bf16 bit patterns in the tensor-core tile layout (`bf16_tile_index` in
+    /// `kernels/common.cuh`; [`bf16_tile_index`] here).
+    Bf16Tiles(CudaSlice<u16>),
     Quant(QuantWeights),
 }
 
@@ -81,7 +84,9 @@ impl DeviceMatrix {
         })
     }
 
-    /// bf16 (`dtype` Bf16) or f16 (`dtype` F16) bit patterns.
+    /// bf16 (`dtype` Bf16) or f16 (`dtype` F16) bit patterns, row-major. bf16 matrices are
+    /// rearranged on the device into the tile layout the tensor-core GEMV streams
+    /// ([`bf16_tile_index`]); f16 ones stay row-major.
     pub fn from_half_bits(
         dev: &CudaDevice,
         rows: usize,
@@ -98,18 +103,36 @@ impl DeviceMatrix {
             "matrix data has {} values, not {rows}×{cols}",
             bits.len()
         );
+        let data = if dtype == WeightDtype::Bf16 {
+            let raw = dev.upload(bits)?;
+            Weights::Bf16Tiles(dev.pack_bf16_tiles(&raw, rows, cols)?)
+        } else {
+            Weights::Half(dev.upload(bits)?)
+        };
         Ok(DeviceMatrix {
             rows,
             cols,
             dtype,
-            data: Weights::Half(dev.upload(bits)?),
+            data,
         })
+    }
+
+    /// The stored 16-bit values in their device layout (bf16: the tile layout of
+    /// [`bf16_tile_index`], padding included; f16: row-major). For tests.
+    pub fn stored_half_bits(&self, dev: &CudaDevice) -> Result<Vec<u16>> {
+        match &self.data {
+            Weights::Half(s) | Weights::Bf16Tiles(s) => dev.download(s),
+            _ => Err(CudaError::Invalid(
+                "stored_half_bits: not a 16-bit matrix".into(),
+            )),
+        }
     }
 
     /// Device bytes of the weights.
     pub fn size_bytes(&self) -> usize {
         match &self.data {
             Weights::Quant(q) => q.size_bytes(),
+            Weights::Bf16Tiles(_) => bf16_tiles_len(self.rows, self.cols) * 2,
             _ => self.rows * self.cols * self.dtype.size_bytes(),
         }
     }
@@ -119,10 +142,25 @@ impl DeviceMatrix {
     pub(crate) fn data_ptr(&self, stream: &CudaStream) -> Option<u64> {
         match &self.data {
             Weights::F32(s) => Some(dptr(s, stream)),
-            Weights::Half(s) => Some(dptr(s, stream)),
+            Weights::Half(s) | Weights::Bf16Tiles(s) => Some(dptr(s, stream)),
             Weights::Quant(_) => None,
         }
     }
+}
+
+/// Values of a bf16 [rows, cols] matrix in the tile layout: rows padded to a multiple of 64,
+/// columns to a multiple of 32.
+pub fn bf16_tiles_len(rows: usize, cols: usize) -> usize {
+    rows.div_ceil(64) * 64 * cols.div_ceil(32) * 32
+}
+
+/// Where W[r][c] of a bf16 matrix with `cols` columns sits in the tile layout (the host twin of
+/// `bf16_tile_index` in `kernels/common.cuh`): tiles of 16 rows × 32 columns in row-block-major
+/// order, inside a tile [h 0..2][g 0..8][q 0..4][e 0..8] for r = 16·rb + 8h + g, c = 32·s + 8q + e.
+pub fn bf16_tile_index(r: usize, c: usize, cols: usize) -> usize {
+    let tile = (r / 16) * cols.div_ceil(32) + c / 32;
+    let (h, g, q, e) = ((r % 16) / 8, r % 8, (c % 32) / 8, c % 8);
+    tile * 512 + 256 * h + 8 * (4 * g + q) + e
 }
 
 /// The most rows one GEMV launch takes (DESIGN §5: T ≤ 32 rows share one weight read).
@@ -136,11 +174,12 @@ const BUCKETS: [usize; 6] = [1, 2, 4, 8, 16, 32];
 pub enum GemvKernel {
     /// CUDA cores: R output rows per warp, U 16-byte chunks per row in flight.
     Simt { r: usize, u: usize },
-    /// Tensor cores (bf16 weights only): 16 rows per block, U 32-wide K slabs in flight.
-    Mma { u: usize },
+    /// Tensor cores (bf16 weights only): 16·M rows per block, U 32-wide K slabs per pipeline
+    /// stage. Every (M, U) gives bit-identical results (`kernels/gemv.cu`).
+    Mma { m: usize, u: usize },
 }
 
-/// The SIMT (R, U) instantiated for every dtype, per bucket.
+/// The SIMT (R, U) instantiated for f32 and f16 weights, per bucket.
 const SIMT_ALL: [(usize, usize, usize); 9] = [
     (1, 1, 4),
     (1, 2, 4),
@@ -153,25 +192,32 @@ const SIMT_ALL: [(usize, usize, usize); 9] = [
     (32, 4, 1),
 ];
 
-/// Extra SIMT (bucket, R, U) variants instantiated for bf16 only.
-const SIMT_BF16_EXTRA: [(usize, usize, usize); 2] = [(1, 4, 2), (16, 2, 2)];
-
-/// Slabs in flight of the tensor-core kernels (each for 1, 2 and 4 n-tiles of 8 rows).
-const MMA_U: [usize; 2] = [2, 4];
+/// The tensor-core kernels instantiated in `kernels/gemv.cu`: (n-tiles, M, U).
+const TC_VARIANTS: [(usize, usize, usize); 10] = [
+    (1, 1, 2),
+    (1, 1, 4),
+    (1, 2, 2),
+    (2, 1, 2),
+    (2, 2, 1),
+    (2, 2, 2),
+    (2, 4, 1),
+    (4, 1, 2),
+    (4, 2, 1),
+    (4, 2, 2),
+];
 
 /// The kernel [`CudaDevice::linear`] uses for `dtype` and a row bucket, chosen from the H200
 /// timings in bench/RESULTS.md ("CUDA kernels (H200)"). bf16 takes the tensor-core kernel for
-/// every T, T = 1 included, although the SIMT kernel is faster there (65–85% of the copy
-/// bandwidth): the two sum in different orders, and a row's result must not depend on T, or a
-/// verify pass and plain decoding could pick different tokens (batch invariance; the tensor-core
-/// kernel is 1.1–6× faster than SIMT from T = 4 on). f32/f16 weights have only SIMT kernels,
-/// whose per-row order does not depend on (R, U); there R = 2 beat R = 4 at T = 16 and 32.
+/// every T, T = 1 included: the SIMT kernel sums in another order, and a row's result must not
+/// depend on T, or a verify pass and plain decoding could pick different tokens (batch
+/// invariance). f32/f16 weights have only SIMT kernels, whose per-row order does not depend on
+/// (R, U); there R = 2 beat R = 4 at T = 16 and 32.
 fn default_kernel(dtype: WeightDtype, bucket: usize) -> GemvKernel {
     if let WeightDtype::Quant(_) = dtype {
         return crate::quant::default_kernel(bucket);
     }
     if dtype == WeightDtype::Bf16 {
-        return GemvKernel::Mma { u: 2 };
+        return tc_kernel_for(bucket, 0);
     }
     let (r, u) = match bucket {
         1 => (1, 4),
@@ -180,6 +226,20 @@ fn default_kernel(dtype: WeightDtype, bucket: usize) -> GemvKernel {
         _ => (2, 1),
     };
     GemvKernel::Simt { r, u }
+}
+
+/// The tensor-core variant for a row bucket and a matrix of `rows` outputs, from the H200
+/// timings (bench/RESULTS.md, "bf16 tile layout"): 16 rows per block with 2 slabs per stage
+/// except at T = 9…16 on tall matrices (≥ 8192 rows: 32 rows per block, 1 slab; 69% against
+/// 64% of the copy bandwidth at 12288×4096) and at T = 17…32 (32 rows, 2 slabs). All variants
+/// sum in the same order, so choosing by shape keeps every result bit-identical.
+fn tc_kernel_for(bucket: usize, rows: usize) -> GemvKernel {
+    match mma_tiles(bucket) {
+        1 => GemvKernel::Mma { m: 1, u: 2 },
+        2 if rows >= 8192 => GemvKernel::Mma { m: 2, u: 1 },
+        2 => GemvKernel::Mma { m: 1, u: 2 },
+        _ => GemvKernel::Mma { m: 2, u: 2 },
+    }
 }
 
 /// n-tiles of 8 rows of the tensor-core kernel for T rows.
@@ -195,7 +255,9 @@ fn gemv_name(dtype: WeightDtype, t: usize, k: GemvKernel) -> String {
     let bucket = *BUCKETS.iter().find(|&&b| b >= t).unwrap_or(&32);
     match k {
         GemvKernel::Simt { r, u } => format!("gemv_{}_t{bucket}_r{r}_u{u}", dtype.tag()),
-        GemvKernel::Mma { u } => format!("gemv_{}_mma_n{}_u{u}", dtype.tag(), mma_tiles(t)),
+        GemvKernel::Mma { m, u } => {
+            format!("gemv_{}_tc_m{m}_n{}_u{u}", dtype.tag(), mma_tiles(t))
+        }
     }
 }
 
@@ -223,21 +285,18 @@ pub fn gemv_variant(dtype: WeightDtype, t: usize) -> Vec<GemvKernel> {
         return crate::quant::variants(b);
     }
     let mut v = vec![default_kernel(dtype, b)];
-    let extra: &[(usize, usize, usize)] = if dtype == WeightDtype::Bf16 {
-        &SIMT_BF16_EXTRA
-    } else {
-        &[]
-    };
-    for &(bb, r, u) in SIMT_ALL.iter().chain(extra) {
-        let k = GemvKernel::Simt { r, u };
-        if bb == b && !v.contains(&k) {
-            v.push(k);
+    if dtype != WeightDtype::Bf16 {
+        for &(bb, r, u) in SIMT_ALL.iter() {
+            let k = GemvKernel::Simt { r, u };
+            if bb == b && !v.contains(&k) {
+                v.push(k);
+            }
         }
     }
     if dtype == WeightDtype::Bf16 {
-        for u in MMA_U {
-            let k = GemvKernel::Mma { u };
-            if !v.contains(&k) {
+        for &(nt, m, u) in &TC_VARIANTS {
+            let k = GemvKernel::Mma { m, u };
+            if nt == mma_tiles(b) && !v.contains(&k) {
                 v.push(k);
             }
         }
@@ -396,7 +455,7 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         guard("rms_norm", || {
-            let mut b = self.stream().launch_builder(&f);
+            let mut b = self.launch(&f);
             b.arg(&xp).arg(w).arg(&yp).arg(&n_i).arg(&eps);
             // SAFETY: argument types match `rms_norm_f32`; x (and y when not null) hold `len`
             // values, checked by the callers.
@@ -460,6 +519,7 @@ impl CudaDevice {
         let bucket = *BUCKETS.iter().find(|&&b| b >= t).expect("t ≤ 32");
         let kern = variant.unwrap_or_else(|| match w.dtype {
             WeightDtype::Quant(_) => crate::quant::kernel_for(bucket, w.rows),
+            WeightDtype::Bf16 => tc_kernel_for(bucket, w.rows),
             d => default_kernel(d, bucket),
         });
         ensure!(
@@ -475,7 +535,7 @@ impl CudaDevice {
         let (n_i, k_i, t_i) = (as_i32(n, "out")?, as_i32(k, "in")?, t as i32);
         let blocks = match kern {
             GemvKernel::Simt { r, .. } => n.div_ceil(r).div_ceil(8),
-            GemvKernel::Mma { .. } => n.div_ceil(16),
+            GemvKernel::Mma { m, .. } => n.div_ceil(16 * m),
         };
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
@@ -486,10 +546,10 @@ impl CudaDevice {
         guard("linear", || {
             let st = self.stream();
             let (xp, op) = (dptr(x, st), dptr_mut(out, st));
-            let mut b = st.launch_builder(&f);
+            let mut b = self.launch(&f);
             match &w.data {
                 Weights::F32(s) => b.arg(s),
-                Weights::Half(s) => b.arg(s),
+                Weights::Half(s) | Weights::Bf16Tiles(s) => b.arg(s),
                 Weights::Quant(_) => unreachable!("launched by linear_quant above"),
             };
             b.arg(&xp);
@@ -530,7 +590,7 @@ impl CudaDevice {
         guard("swiglu", || {
             let st = self.stream();
             let (gp, up) = (dptr_mut(gate, st), dptr(up, st));
-            let mut b = st.launch_builder(&f);
+            let mut b = self.launch(&f);
             b.arg(&gp).arg(&up).arg(&n);
             // SAFETY: argument types match `swiglu_f32`; lengths checked.
             unsafe { b.launch(cfg) }
@@ -591,7 +651,7 @@ impl CudaDevice {
         guard("rope", || {
             let st = self.stream();
             let (xp, pp) = (dptr_mut(x, st), dptr(positions, st));
-            let mut b = st.launch_builder(&f);
+            let mut b = self.launch(&f);
             b.arg(&xp).arg(&pp).arg(inv_freq);
             for a in &args {
                 b.arg(a);
@@ -640,7 +700,7 @@ impl CudaDevice {
             let st = self.stream();
             let rp = rows.ptrs(st);
             let (sp, op) = (dptr_mut(state, st), dptr_mut(out, st));
-            let mut b = st.launch_builder(&f);
+            let mut b = self.launch(&f);
             for p in &rp {
                 b.arg(p);
             }
@@ -714,7 +774,7 @@ impl CudaDevice {
             let st = self.stream();
             let rp = rows.ptrs(st);
             let (pp, sp, op) = (dptr(parents, st), dptr(s0, st), dptr_mut(out, st));
-            let mut b = st.launch_builder(&f);
+            let mut b = self.launch(&f);
             for p in &rp {
                 b.arg(p);
             }
@@ -738,6 +798,46 @@ impl CudaDevice {
 mod tests {
     use super::*;
 
+    /// The tile layout puts every (row, column) of the matrix at its own place inside the
+    /// padded buffer, with lane l's 16-byte fragment of rows g / g + 8 at 256·h + 8·l.
+    #[test]
+    fn bf16_tile_layout_is_a_bijection_onto_the_padded_buffer() {
+        for (rows, cols) in [(16, 32), (1001, 4104), (64, 8), (130, 96)] {
+            let len = bf16_tiles_len(rows, cols);
+            let mut seen = vec![false; len];
+            for r in 0..rows {
+                for c in 0..cols {
+                    let i = bf16_tile_index(r, c, cols);
+                    assert!(i < len && !seen[i], "({r}, {c}) of {rows}x{cols} at {i}");
+                    seen[i] = true;
+                }
+            }
+            assert_eq!(seen.iter().filter(|&&s| s).count(), rows * cols);
+        }
+        // Lane 4g + q, rows g and g + 8 of tile 0: values 8·(4g + q) and 256 + 8·(4g + q).
+        assert_eq!(bf16_tile_index(3, 8 * 2 + 5, 64), 8 * (4 * 3 + 2) + 5);
+        assert_eq!(
+            bf16_tile_index(11, 8 * 2 + 5, 64),
+            256 + 8 * (4 * 3 + 2) + 5
+        );
+        // The second slab of row block 0 is tile 1; row block 1 starts after cols/32 tiles.
+        assert_eq!(bf16_tile_index(0, 32, 64), 512);
+        assert_eq!(bf16_tile_index(16, 0, 64), 2 * 512);
+    }
+
+    #[test]
+    fn tensor_core_choice_by_shape_is_an_existing_variant() {
+        for t in 1..=32 {
+            for rows in [1, 576, 4096, 8192, 12288, 248_320] {
+                let k = tc_kernel_for(*BUCKETS.iter().find(|&&b| b >= t).unwrap(), rows);
+                assert!(
+                    gemv_variant(WeightDtype::Bf16, t).contains(&k),
+                    "T={t} rows={rows}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn every_bucket_has_a_default_variant_and_names_are_unique() {
         for t in 1..=32 {
@@ -760,8 +860,8 @@ mod tests {
         }
         assert!(gemv_variant(WeightDtype::Bf16, 33).is_empty());
         assert_eq!(
-            gemv_name(WeightDtype::Bf16, 12, GemvKernel::Mma { u: 4 }),
-            "gemv_bf16_mma_n2_u4"
+            gemv_name(WeightDtype::Bf16, 12, GemvKernel::Mma { m: 4, u: 1 }),
+            "gemv_bf16_tc_m4_n2_u1"
         );
         assert_eq!(
             gemv_name(WeightDtype::F16, 3, GemvKernel::Simt { r: 4, u: 2 }),

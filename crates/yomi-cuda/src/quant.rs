@@ -10,7 +10,7 @@
 //! the scales (and Q5_K/Q6_K high bits, regrouped per unit) go to separate small arrays. The
 //! total is the GGUF tensor's size, byte for byte.
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
 use crate::device::CudaDevice;
 use crate::error::{CudaError, Result, ensure};
@@ -466,7 +466,7 @@ pub(crate) fn macro_defines(src: &str, name: &str) -> bool {
     })
 }
 
-fn kernel_args<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, q: &'a QuantWeights, null: &'a u64) {
+fn kernel_args(b: &mut crate::launch::Launch<'_>, q: &QuantWeights, null: &u64) {
     for a in &q.arrays {
         match a {
             Some(s) => b.arg(s),
@@ -507,7 +507,7 @@ impl CudaDevice {
         guard("linear", || {
             let st = self.stream();
             let (xp, op) = (dptr(x, st), dptr_mut(out, st));
-            let mut b = st.launch_builder(&f);
+            let mut b = self.launch(&f);
             kernel_args(&mut b, q, &null);
             b.arg(&xp);
             match bias {
@@ -569,7 +569,7 @@ impl CudaDevice {
         guard("dequantize_rows", || {
             let st = self.stream();
             let (ip, op) = (dptr(row_ids, st), dptr_mut(out, st));
-            let mut b = st.launch_builder(&f);
+            let mut b = self.launch(&f);
             kernel_args(&mut b, q, &null);
             b.arg(&ip).arg(&op).arg(&n_i).arg(&k_i);
             // SAFETY: argument types match dequant_rows_<fmt>; out is [n, cols], ids are

@@ -260,7 +260,7 @@ fn linear_matches_cpu() {
                     )
                     .unwrap();
                     let e = compare(&d.download(&out).unwrap(), &want);
-                    if ri == 0 || variant == (GemvKernel::Mma { u: 4 }) {
+                    if ri == 0 || matches!(variant, GemvKernel::Mma { .. }) {
                         report(
                             "linear",
                             &format!(
@@ -516,51 +516,59 @@ fn z_gemv_timing_vs_copy_bandwidth() {
         let wbytes = rows * cols * 2;
         // Enough copies of the matrix that a round of launches streams ≥ 256 MB (L2 is 60 MB).
         let copies = (256usize << 20).div_ceil(wbytes).max(3);
-        let w = to_bits(WeightDtype::Bf16, &r.vec(rows * cols, 0.5));
-        let mats: Vec<DeviceMatrix> = (0..copies)
-            .map(|_| DeviceMatrix::from_half_bits(&d, rows, cols, WeightDtype::Bf16, &w).unwrap())
-            .collect();
-        for t in [1usize, 4, 16, 32] {
-            let xd = d.upload(&r.vec(t * cols, 1.0)).unwrap();
-            let mut out = d.alloc_zeros::<f32>(t * rows).unwrap();
-            let bytes = (wbytes + t * cols * 4 + t * rows * 4) as f64;
-            for (vi, variant) in gemv_variant(WeightDtype::Bf16, t).into_iter().enumerate() {
-                let mut round = || {
-                    for m in &mats {
-                        d.linear_variant(&xd, t, m, None, &mut out, Some(variant))
-                            .unwrap();
-                    }
-                };
-                let per = time_ms(&d, 3, 30, &mut round) / copies as f64;
-                // The same round captured as a CUDA graph (no launch gaps), if capture works.
-                let graph_per = (|| {
-                    stream(&d)
-                        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                        .ok()?;
-                    round();
-                    let g = stream(&d).end_capture(CUgraphInstantiate_flags(0)).ok()??;
-                    g.upload().ok()?;
-                    Some(time_ms(&d, 3, 30, || g.launch().unwrap()) / copies as f64)
-                })();
-                let gbs = bytes / (per * 1e-3) / 1e9;
-                let tflops = 2.0 * (t * rows * cols) as f64 / (per * 1e-3) / 1e12;
-                let graph = graph_per
-                    .map(|g| {
-                        format!(
-                            "graph {:.2} µs {:.0} GB/s ({:.0}%)",
-                            g * 1e3,
-                            bytes / (g * 1e-3) / 1e9,
-                            100.0 * bytes / (g * 1e-3) / 1e9 / copy_gbs
-                        )
-                    })
-                    .unwrap_or_else(|| "graph capture failed".into());
-                println!(
-                    "RESULT gemv bf16 {rows}x{cols} T={t:<2} {:<18}{}: {:.2} µs {gbs:.0} GB/s = {:.0}% of copy, {tflops:.1} TFLOP/s | {graph}",
-                    format!("{variant:?}"),
-                    if vi == 0 { " (default)" } else { "" },
-                    per * 1e3,
-                    100.0 * gbs / copy_gbs
-                );
+        let vals = r.vec(rows * cols, 0.5);
+        // bf16 (tensor cores, tile layout) at every T; f16 (SIMT, row-major, same bytes) at T = 1
+        // as the reference of what a plain streaming GEMV reaches.
+        for (dtype, ts) in [
+            (WeightDtype::Bf16, &[1usize, 4, 16, 32][..]),
+            (WeightDtype::F16, &[1usize][..]),
+        ] {
+            let w = to_bits(dtype, &vals);
+            let mats: Vec<DeviceMatrix> = (0..copies)
+                .map(|_| DeviceMatrix::from_half_bits(&d, rows, cols, dtype, &w).unwrap())
+                .collect();
+            for &t in ts {
+                let xd = d.upload(&r.vec(t * cols, 1.0)).unwrap();
+                let mut out = d.alloc_zeros::<f32>(t * rows).unwrap();
+                let bytes = (wbytes + t * cols * 4 + t * rows * 4) as f64;
+                for (vi, variant) in gemv_variant(dtype, t).into_iter().enumerate() {
+                    let mut round = || {
+                        for m in &mats {
+                            d.linear_variant(&xd, t, m, None, &mut out, Some(variant))
+                                .unwrap();
+                        }
+                    };
+                    let per = time_ms(&d, 3, 30, &mut round) / copies as f64;
+                    // The same round captured as a CUDA graph (no launch gaps), if capture works.
+                    let graph_per = (|| {
+                        stream(&d)
+                            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                            .ok()?;
+                        round();
+                        let g = stream(&d).end_capture(CUgraphInstantiate_flags(0)).ok()??;
+                        g.upload().ok()?;
+                        Some(time_ms(&d, 3, 30, || g.launch().unwrap()) / copies as f64)
+                    })();
+                    let gbs = bytes / (per * 1e-3) / 1e9;
+                    let tflops = 2.0 * (t * rows * cols) as f64 / (per * 1e-3) / 1e12;
+                    let graph = graph_per
+                        .map(|g| {
+                            format!(
+                                "graph {:.2} µs {:.0} GB/s ({:.0}%)",
+                                g * 1e3,
+                                bytes / (g * 1e-3) / 1e9,
+                                100.0 * bytes / (g * 1e-3) / 1e9 / copy_gbs
+                            )
+                        })
+                        .unwrap_or_else(|| "graph capture failed".into());
+                    println!(
+                        "RESULT gemv {dtype:?} {rows}x{cols} T={t:<2} {:<18}{}: {:.2} µs {gbs:.0} GB/s = {:.0}% of copy, {tflops:.1} TFLOP/s | {graph}",
+                        format!("{variant:?}"),
+                        if vi == 0 { " (default)" } else { "" },
+                        per * 1e3,
+                        100.0 * gbs / copy_gbs
+                    );
+                }
             }
         }
     }

@@ -12,7 +12,9 @@ use common::{Rng, dev, poisoned};
 
 use yomi_cpu::activation::{sigmoid, softplus, swiglu};
 use yomi_cpu::norm::{l2_norm_inplace, rms_norm, rms_norm_gated_inplace};
-use yomi_cuda::{DeviceMatrix, WeightDtype};
+use yomi_cuda::{
+    DeviceMatrix, GemvKernel, WeightDtype, bf16_tile_index, bf16_tiles_len, gemv_variant,
+};
 
 /// max|gpu − cpu| and max|cpu|, after checking every GPU value is finite.
 fn diff(gpu: &[f32], cpu: &[f32]) -> (f32, f32) {
@@ -356,6 +358,31 @@ fn fused_projection_glue_matches_cpu() {
 /// call with the default kernels: they must be bit-identical (the default kernels are chosen so
 /// that a row's arithmetic does not depend on T; see `default_kernel` in src/ops.rs and
 /// QUANT_UNIT_SCALES in kernels/gemv_quant.cu).
+/// bf16 matrices are rearranged on the device into the tensor-core tile layout: every value at
+/// the place the host twin `bf16_tile_index` names, the padding zero.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn bf16_tile_packing_matches_the_host_layout() {
+    let d = dev();
+    for (rows, cols) in [(1001usize, 4104usize), (64, 32), (4096, 4096)] {
+        let bits: Vec<u16> = (0..rows * cols).map(|i| (i % 65521) as u16 | 1).collect();
+        let m = DeviceMatrix::from_half_bits(&d, rows, cols, WeightDtype::Bf16, &bits).unwrap();
+        let got = m.stored_half_bits(&d).unwrap();
+        assert_eq!(got.len(), bf16_tiles_len(rows, cols));
+        let mut want = vec![0u16; got.len()];
+        for r in 0..rows {
+            for c in 0..cols {
+                want[bf16_tile_index(r, c, cols)] = bits[r * cols + c];
+            }
+        }
+        assert!(
+            got == want,
+            "{rows}x{cols}: device tile layout differs from the host's"
+        );
+        println!("RESULT bf16 tile packing {rows}x{cols}: identical to the host layout");
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn linear_batch_invariance() {
@@ -445,6 +472,51 @@ fn linear_batch_invariance() {
             } else {
                 format!(" T={t} differs (rel-L2 {rel:.1e});")
             };
+        }
+        // A row's result must not depend on where it sits in the pass either: in a verify pass
+        // the row that plain decoding would run alone can be any of the T rows.
+        let x32 = r.vec(32 * cols, 1.0);
+        let xd = d.upload(&x32).unwrap();
+        let mut all = poisoned(&d, 32 * rows);
+        d.linear(&xd, 32, m, None, &mut all).unwrap();
+        let all = d.download(&all).unwrap();
+        for j in [0usize, 5, 8, 13, 17, 31] {
+            let xj = d.upload(&x32[j * cols..(j + 1) * cols]).unwrap();
+            let mut out = poisoned(&d, rows);
+            d.linear(&xj, 1, m, None, &mut out).unwrap();
+            let got = d.download(&out).unwrap();
+            let want = &all[j * rows..(j + 1) * rows];
+            assert!(
+                got.iter()
+                    .zip(want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{name}: row {j} of a T = 32 call differs from the same row alone"
+            );
+        }
+        line += " rows 0..32 of a T = 32 call = each row alone;";
+        // Every tensor-core variant (rows per block, slabs per stage) sums in the same order.
+        if name == "bf16" {
+            for t in [1usize, 16, 32] {
+                let xt = d.upload(&x32[..t * cols]).unwrap();
+                let mut base: Option<Vec<f32>> = None;
+                for v in gemv_variant(WeightDtype::Bf16, t) {
+                    if !matches!(v, GemvKernel::Mma { .. }) {
+                        continue;
+                    }
+                    let mut out = poisoned(&d, t * rows);
+                    d.linear_variant(&xt, t, m, None, &mut out, Some(v))
+                        .unwrap();
+                    let got = d.download(&out).unwrap();
+                    match &base {
+                        None => base = Some(got),
+                        Some(b) => assert!(
+                            got.iter().zip(b).all(|(a, c)| a.to_bits() == c.to_bits()),
+                            "bf16 T={t}: tensor-core variant {v:?} differs from the first"
+                        ),
+                    }
+                }
+            }
+            line += " every tensor-core variant bit-identical;";
         }
         println!("{line}");
     }
