@@ -82,12 +82,24 @@ extern "C" __global__ void __launch_bounds__(32 * GDN_NW)
 // (for a chain: the state after all rows, so committing the whole chain is a buffer swap).
 // Shapes: q, k [T, Hk, dk]; v [T, Hv, dv]; g, beta [T, Hv]; parents [T] i32; S₀, fin
 // [Hv, dk, dv]; o [T, Hv, dv]; all f32. dk ≤ 128.
-// Steps: S₀ᵀk_i, S₀ᵀq_i for all rows from the register-resident S₀ slice (8 rows at a time,
-// partial sums over the warps reduced through shared memory); the Gram entries k_i·k_j, q_i·k_j
-// for j ≤ i (one warp per entry); then warp 0 runs the triangular solve for its 32 columns.
+// Steps (all 8 warps except the solve):
+//   0. stage k_i of the key head (all rows, [T][dk], padded against bank conflicts) and this
+//      block's 32 columns of v_i in shared memory; the S₀ slice goes to registers; thread 0
+//      turns parents into Γ and ancestor bit masks;
+//   1. S₀ᵀk_i, S₀ᵀq_i from the register-resident slice (4 rows at a time, partial sums over the
+//      warps reduced through shared memory), and one thread per (i, j ∈ anc*(i)) the masked
+//      products A[i][j] = β_i (k_i·k_j) e^{Γ_i−Γ_j} (j ≠ i) and Qm[i][j] = (q_i·k_j) e^{Γ_i−Γ_j};
+//   2. warp 0 runs the triangular solve for its 32 columns (ancestors in descending order);
+//   3. each warp computes o_i for its rows i ≡ w (mod 8); then fin.
 #define TV_TMAX 32
-#define TV_CH 8
+#define TV_CH 4
 #define TV_MAXA 16
+#define TV_DKMAX 128
+// Phase 1's partial sums and phase 2's masked Gram share one shared array (static shared
+// memory stays under 48 KB).
+#define TV_PART (2 * TV_CH * GDN_NW * 32)
+#define TV_GRAM (2 * TV_TMAX * (TV_TMAX + 1))
+#define TV_SCRATCH (TV_PART > TV_GRAM ? TV_PART : TV_GRAM)
 
 extern "C" __global__ void __launch_bounds__(32 * GDN_NW)
     gdn_tree_verify_f32(const float* __restrict__ q, const float* __restrict__ k,
@@ -96,28 +108,44 @@ extern "C" __global__ void __launch_bounds__(32 * GDN_NW)
                         const float* __restrict__ S0, float* __restrict__ o, float* fin, int T,
                         int hk, int hv, int dk, int dv) {
     grid_dep_begin();
-    __shared__ float part[2][TV_CH][GDN_NW][32];
-    __shared__ float sk[TV_TMAX][32], sq[TV_TMAX][32], us[TV_TMAX][32];
-    __shared__ float kk[TV_TMAX][TV_TMAX + 1], qk[TV_TMAX][TV_TMAX + 1];
+    __shared__ float ks[TV_TMAX][TV_DKMAX + 1];
+    __shared__ float scratch[TV_SCRATCH];
+    float(*part)[TV_CH][GDN_NW][32] = (float(*)[TV_CH][GDN_NW][32])scratch;
+    float(*A)[TV_TMAX + 1] = (float(*)[TV_TMAX + 1])scratch;
+    float(*Qm)[TV_TMAX + 1] = (float(*)[TV_TMAX + 1])(scratch + TV_TMAX * (TV_TMAX + 1));
+    __shared__ float sk[TV_TMAX][32], sq[TV_TMAX][32], us[TV_TMAX][32], vs[TV_TMAX][32];
     __shared__ float gam[TV_TMAX], bet[TV_TMAX];
     __shared__ int par[TV_TMAX];
+    __shared__ unsigned anc[TV_TMAX];  // bit j: j is i or an ancestor of i
     const int lane = threadIdx.x, w = threadIdx.y, tid = w * 32 + lane;
     const int h = blockIdx.y, kh = h / (hv / hk);
     const int d = blockIdx.x * 32 + lane;
-    if (tid == 0) {
-        for (int i = 0; i < T; ++i) {
-            int p = parents[i];
-            if (p < 0 || p >= i) p = -1;  // defensive: the walk below must terminate
-            par[i] = p;
-            gam[i] = g[(size_t)i * hv + h] + (p >= 0 ? gam[p] : 0.0f);
-            bet[i] = beta[(size_t)i * hv + h];
-        }
+    for (int idx = tid; idx < T * dk; idx += 32 * GDN_NW) {
+        const int t = idx / dk, a = idx % dk;
+        ks[t][a] = k[((size_t)t * hk + kh) * dk + a];
+    }
+    for (int t = w; t < T; t += GDN_NW) vs[t][lane] = v[((size_t)t * hv + h) * dv + d];
+    if (tid < T) {
+        par[tid] = parents[tid];
+        gam[tid] = g[(size_t)tid * hv + h];
+        bet[tid] = beta[(size_t)tid * hv + h];
     }
     const int per = dk / GDN_NW, a0 = w * per;
     const float* Sh = S0 + (size_t)h * dk * dv;
     float s[TV_MAXA];
 #pragma unroll
     for (int i = 0; i < TV_MAXA; ++i) s[i] = i < per ? Sh[(size_t)(a0 + i) * dv + d] : 0.0f;
+    __syncthreads();
+    if (tid == 0) {
+        for (int i = 0; i < T; ++i) {
+            int p = par[i];
+            if (p < 0 || p >= i) p = -1;  // defensive: parents must precede their children
+            par[i] = p;
+            gam[i] += p >= 0 ? gam[p] : 0.0f;
+            anc[i] = (1u << i) | (p >= 0 ? anc[p] : 0u);
+        }
+    }
+    __syncthreads();
 
     for (int c0 = 0; c0 < T; c0 += TV_CH) {
         float psk[TV_CH], psq[TV_CH];
@@ -130,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(32 * GDN_NW)
                 for (int tt = 0; tt < TV_CH; ++tt)
                     if (c0 + tt < T) {
                         const size_t off = ((size_t)(c0 + tt) * hk + kh) * dk + a0 + i;
-                        psk[tt] = fmaf(s[i], __ldg(k + off), psk[tt]);
+                        psk[tt] = fmaf(s[i], ks[c0 + tt][a0 + i], psk[tt]);
                         psq[tt] = fmaf(s[i], __ldg(q + off), psq[tt]);
                     }
             }
@@ -155,45 +183,49 @@ extern "C" __global__ void __launch_bounds__(32 * GDN_NW)
         __syncthreads();
     }
 
-    for (int p = w; p < T * T; p += GDN_NW) {
+    // The masked, decayed Gram entries, one thread per (i, j ≤ i).
+    for (int p = tid; p < T * T; p += 32 * GDN_NW) {
         const int i = p / T, j = p % T;
-        if (j <= i) {
-            const float* ki = k + ((size_t)i * hk + kh) * dk;
+        float a_ij = 0.0f, q_ij = 0.0f;
+        if (j <= i && ((anc[i] >> j) & 1u)) {
             const float* qi = q + ((size_t)i * hk + kh) * dk;
-            const float* kj = k + ((size_t)j * hk + kh) * dk;
             float a1 = 0.0f, a2 = 0.0f;
-            for (int a = lane; a < dk; a += 32) {
-                const float kv = kj[a];
-                a1 = fmaf(ki[a], kv, a1);
-                a2 = fmaf(qi[a], kv, a2);
+            for (int a = 0; a < dk; ++a) {
+                const float kv = ks[j][a];
+                a1 = fmaf(ks[i][a], kv, a1);
+                a2 = fmaf(__ldg(qi + a), kv, a2);
             }
-            a1 = warp_sum(a1);
-            a2 = warp_sum(a2);
-            if (lane == 0) {
-                kk[i][j] = a1;
-                qk[i][j] = a2;
-            }
+            const float dec = expf(gam[i] - gam[j]);
+            a_ij = j < i ? bet[i] * a1 * dec : 0.0f;
+            q_ij = a2 * dec;
         }
+        A[i][j] = a_ij;
+        Qm[i][j] = q_ij;
     }
     __syncthreads();
 
     if (w == 0) {
         for (int i = 0; i < T; ++i) {
-            const float gi = gam[i], bi = bet[i], e = expf(gi);
-            float ui = bi * (v[((size_t)i * hv + h) * dv + d] - e * sk[i][lane]);
-            float oi = e * sq[i][lane];
-            for (int j = par[i]; j >= 0; j = par[j]) {
-                const float dec = expf(gi - gam[j]);
-                const float uj = us[j][lane];
-                ui -= bi * kk[i][j] * dec * uj;
-                oi += qk[i][j] * dec * uj;
+            const float e = expf(gam[i]);
+            float ui = bet[i] * (vs[i][lane] - e * sk[i][lane]);
+            for (unsigned m = anc[i] & ~(1u << i); m; m &= ~(1u << (31 - __clz(m)))) {
+                const int j = 31 - __clz(m);
+                ui -= A[i][j] * us[j][lane];
             }
-            oi += qk[i][i] * ui;
             us[i][lane] = ui;
-            o[((size_t)i * hv + h) * dv + d] = oi;
         }
     }
     __syncthreads();
+
+    for (int i = w; i < T; i += GDN_NW) {
+        float oi = expf(gam[i]) * sq[i][lane];
+        for (unsigned m = anc[i] & ~(1u << i); m; m &= ~(1u << (31 - __clz(m)))) {
+            const int j = 31 - __clz(m);
+            oi += Qm[i][j] * us[j][lane];
+        }
+        oi += Qm[i][i] * us[i][lane];
+        o[((size_t)i * hv + h) * dv + d] = oi;
+    }
 
     if (fin) {
         const float gl = gam[T - 1];
@@ -203,10 +235,9 @@ extern "C" __global__ void __launch_bounds__(32 * GDN_NW)
         for (int i = 0; i < TV_MAXA; ++i) acc[i] = el * s[i];
         for (int j = T - 1; j >= 0; j = par[j]) {
             const float wj = expf(gl - gam[j]) * us[j][lane];
-            const float* kj = k + ((size_t)j * hk + kh) * dk + a0;
 #pragma unroll
             for (int i = 0; i < TV_MAXA; ++i)
-                if (i < per) acc[i] = fmaf(__ldg(kj + i), wj, acc[i]);
+                if (i < per) acc[i] = fmaf(ks[j][a0 + i], wj, acc[i]);
         }
         float* Fh = fin + (size_t)h * dk * dv;
 #pragma unroll

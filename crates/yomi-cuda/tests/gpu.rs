@@ -600,7 +600,7 @@ fn z_gdn_timing() {
     let mut fins: Vec<CudaSlice<f32>> = (0..layers)
         .map(|_| d.alloc_zeros::<f32>(s.state_len()).unwrap())
         .collect();
-    for t in [4usize, 16, 32] {
+    for t in [1usize, 4, 16, 32] {
         let rows = GdnDev::upload(&d, &x, s, 0, t);
         let parents: Vec<i32> = (0..t as i32).map(|i| i - 1).collect();
         let pd = d.upload(&parents).unwrap();
