@@ -188,12 +188,20 @@ extern "C" __global__ void __launch_bounds__(32 * GDN_NW)
         const int i = p / T, j = p % T;
         float a_ij = 0.0f, q_ij = 0.0f;
         if (j <= i && ((anc[i] >> j) & 1u)) {
-            const float* qi = q + ((size_t)i * hk + kh) * dk;
+            // q_i in 16-byte loads (dk is a multiple of 8, rows start 32-byte aligned), issued
+            // ahead of the FMAs by the unrolled loop; the sums still run a = 0, 1, … in order.
+            const float4* qi = (const float4*)(q + ((size_t)i * hk + kh) * dk);
             float a1 = 0.0f, a2 = 0.0f;
-            for (int a = 0; a < dk; ++a) {
-                const float kv = ks[j][a];
-                a1 = fmaf(ks[i][a], kv, a1);
-                a2 = fmaf(__ldg(qi + a), kv, a2);
+#pragma unroll 4
+            for (int a4 = 0; a4 < dk / 4; ++a4) {
+                const float4 qv = __ldg(qi + a4);
+                const float qa[4] = {qv.x, qv.y, qv.z, qv.w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float kv = ks[j][4 * a4 + e];
+                    a1 = fmaf(ks[i][4 * a4 + e], kv, a1);
+                    a2 = fmaf(qa[e], kv, a2);
+                }
             }
             const float dec = expf(gam[i] - gam[j]);
             a_ij = j < i ? bet[i] * a1 * dec : 0.0f;

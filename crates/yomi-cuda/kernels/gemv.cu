@@ -17,7 +17,7 @@
 //
 // Bytes: N·K·sizeof(W) read once + T·K·4 (x, cached) + T·N·4 written. FMAs: T·N·K.
 // Grid: ceil(ceil(N / R) / 8) blocks of 256 threads (8 warps); the tensor-core variant below:
-// ceil(N / (16·MT)) blocks of 256 threads.
+// ceil(N / (16·MT)) blocks of 32·W threads.
 
 #define GEMV_WARPS 8
 
@@ -140,9 +140,11 @@ GEMV_DTYPE(f16, 2)
 // `bf16_tile_index`, common.cuh, which `pack_bf16_tiles` in glue.cu writes at upload; K a
 // multiple of 8 for the x loads). bf16 matrices have only this kernel.
 //
-// A block of 8 warps owns 16·MT output rows (MT m-tiles of 16). K is cut into 32-wide slabs;
-// warp w takes the slabs s ≡ w (mod 8) in increasing order, U slabs per pipeline stage, and the
-// block sums the 8 warps' partial results through shared memory at the end, in warp order.
+// A block of W warps owns 16·MT output rows (MT m-tiles of 16). K is cut into 32-wide slabs;
+// warp w takes the slabs s ≡ w (mod W) in increasing order, U slabs per pipeline stage, and the
+// block sums the W warps' partial results through shared memory at the end, in warp order.
+// W is chosen per matrix shape (src/ops.rs) so that the grid's warps fill the GPU about once:
+// a short matrix needs K split over many warps, a tall one over few.
 // Per slab and m-tile, lane (g = lane/4, q = lane%4) loads 16 bytes of row g and of row g+8 at
 // k = 32s + 8q (each weight read once; in the tile layout each warp load is 512 contiguous bytes
 // and a block reads its 16·MT rows front to back) and uses them, unchanged, as the
@@ -153,11 +155,11 @@ GEMV_DTYPE(f16, 2)
 // x = hi + lo with hi = bf16(x), lo = bf16(x − hi), so W·x costs two MMAs and keeps about 16
 // significant bits of x (bf16 weights are exact in the MMA); accumulation is f32.
 //
-// Batch invariance: a row's sum runs over the same slabs in the same order whatever T, MT or U
-// (warp w always owns s ≡ w mod 8; U only says how many are loaded ahead), the four products of
-// a slab (k-half 0/1 × hi/lo) go to four accumulators combined as (a0 + a1) + (a2 + a3) at the
-// end, and the warps are summed in order. So every (MT, NT, U) variant gives bit-identical
-// results, and a row's output does not depend on how many rows share the pass. The four
+// Batch invariance: for a given W, a row's sum runs over the same slabs in the same order
+// whatever T, MT or U (warp w always owns s ≡ w mod W; U only says how many are loaded ahead),
+// the four products of a slab (k-half 0/1 × hi/lo) go to four accumulators combined as (a0 + a1) + (a2 + a3) at the
+// end, and the warps are summed in order. So every (MT, NT, U) variant of one W gives
+// bit-identical results, and a row's output does not depend on how many rows share the pass. The four
 // accumulators also make the four MMAs of a slab independent, so they pipeline.
 //
 // Pipeline: the next stage's weights are loaded before the current stage's MMAs, and with
@@ -181,36 +183,36 @@ __device__ __forceinline__ void mma_bf16_16816(float* c, u32 a0, u32 a1, u32 a2,
 // Loads the A fragments of U slabs (s0, s0 + 8, …) for the MT m-tiles from the tile layout:
 // tile (rb, s) holds 64 16-byte fragments, rows g then g + 8 for lane l at l and 32 + l.
 // Padding tiles are zero, so only the slab index is bounded.
-template <int MT, int U>
-__device__ __forceinline__ void tc_load_stage(const uint4* __restrict__ W, int rb0, int lane,
+template <int W, int MT, int U>
+__device__ __forceinline__ void tc_load_stage(const uint4* __restrict__ Wt, int rb0, int lane,
                                               int nslab, int s0, uint4 (&va)[U][MT],
                                               uint4 (&vb)[U][MT]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-        const int s = s0 + GEMV_WARPS * u;
+        const int s = s0 + W * u;
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-            const uint4* tile = W + ((size_t)(rb0 + m) * nslab + s) * 64;
+            const uint4* tile = Wt + ((size_t)(rb0 + m) * nslab + s) * 64;
             va[u][m] = s < nslab ? ld_stream16(tile + lane) : make_uint4(0u, 0u, 0u, 0u);
             vb[u][m] = s < nslab ? ld_stream16(tile + 32 + lane) : make_uint4(0u, 0u, 0u, 0u);
         }
     }
 }
 
-template <int MT, int NT, int U>
-__device__ __forceinline__ void gemv_bf16_tc_body(const uint4* __restrict__ W,
+template <int W, int MT, int NT, int U>
+__device__ __forceinline__ void gemv_bf16_tc_body(const uint4* __restrict__ Wt,
                                                   const float* __restrict__ x,
                                                   const float* __restrict__ bias,
                                                   float* __restrict__ out, int N, int K, int T) {
-    __shared__ float red[GEMV_WARPS][MT][NT][4][32];
+    __shared__ float red[W][MT][NT][4][32];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
     const int row0 = blockIdx.x * 16 * MT, rb0 = blockIdx.x * MT;
     const int nslab = (K + 31) / 32;
-    constexpr int STEP = GEMV_WARPS * U;  // slabs a stage advances
+    constexpr int STEP = W * U;  // slabs a stage advances
 
     uint4 va[U][MT], vb[U][MT];
-    tc_load_stage<MT, U>(W, rb0, lane, nslab, w, va, vb);
+    tc_load_stage<W, MT, U>(Wt, rb0, lane, nslab, w, va, vb);
     grid_dep_wait();
 
     float acc[MT][NT][4][4];
@@ -226,10 +228,10 @@ __device__ __forceinline__ void gemv_bf16_tc_body(const uint4* __restrict__ W,
     for (int s0 = w; s0 < nslab; s0 += STEP) {
         uint4 na[U][MT], nb[U][MT];
         const bool more = s0 + STEP < nslab;
-        if (more) tc_load_stage<MT, U>(W, rb0, lane, nslab, s0 + STEP, na, nb);
+        if (more) tc_load_stage<W, MT, U>(Wt, rb0, lane, nslab, s0 + STEP, na, nb);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const int s = s0 + GEMV_WARPS * u;
+            const int s = s0 + W * u;
             if (s < nslab) {
                 const int k = s * 32 + 8 * q;
 #pragma unroll
@@ -282,11 +284,11 @@ __device__ __forceinline__ void gemv_bf16_tc_body(const uint4* __restrict__ W,
                 red[w][m][n][j][lane] =
                     (acc[m][n][0][j] + acc[m][n][1][j]) + (acc[m][n][2][j] + acc[m][n][3][j]);
     __syncthreads();
-    for (int i = threadIdx.x; i < MT * NT * 4 * 32; i += 32 * GEMV_WARPS) {
+    for (int i = threadIdx.x; i < MT * NT * 4 * 32; i += 32 * W) {
         const int m = i / (NT * 128), n = (i / 128) % NT, j = (i / 32) % 4, l = i % 32;
         float s = 0.0f;
 #pragma unroll
-        for (int v = 0; v < GEMV_WARPS; ++v) s += red[v][m][n][j][l];
+        for (int v = 0; v < W; ++v) s += red[v][m][n][j][l];
         // C fragment: c0, c1 at (row g, col 2q + {0, 1}); c2, c3 at (row g + 8, same cols).
         const int row = row0 + 16 * m + (l >> 2) + (j >= 2 ? 8 : 0);
         const int t = 8 * n + 2 * (l & 3) + (j & 1);
@@ -294,24 +296,27 @@ __device__ __forceinline__ void gemv_bf16_tc_body(const uint4* __restrict__ W,
     }
 }
 
-#define GEMV_TC_KERNEL(MT, NT, U)                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)                             \
-        gemv_bf16_tc_m##MT##_n##NT##_u##U(const uint4* __restrict__ W,                         \
-                                          const float* __restrict__ x,                         \
-                                          const float* __restrict__ bias,                      \
-                                          float* __restrict__ out, int N, int K, int T) {      \
+#define GEMV_TC_KERNEL(W, MT, NT, U)                                                           \
+    extern "C" __global__ void __launch_bounds__(32 * W)                                      \
+        gemv_bf16_tc_w##W##_m##MT##_n##NT##_u##U(const uint4* __restrict__ Wt,                 \
+                                                 const float* __restrict__ x,                  \
+                                                 const float* __restrict__ bias,               \
+                                                 float* __restrict__ out, int N, int K, int T) { \
         grid_dep_trigger();                                                                    \
-        gemv_bf16_tc_body<MT, NT, U>(W, x, bias, out, N, K, T);                                \
+        gemv_bf16_tc_body<W, MT, NT, U>(Wt, x, bias, out, N, K, T);                            \
     }
 
-// Name: gemv_bf16_tc_m<MT>_n<NT>_u<U>; the Rust side's TC_VARIANTS lists these.
-GEMV_TC_KERNEL(1, 1, 2)
-GEMV_TC_KERNEL(1, 1, 4)
-GEMV_TC_KERNEL(2, 1, 2)
-GEMV_TC_KERNEL(1, 2, 2)
-GEMV_TC_KERNEL(2, 2, 1)
-GEMV_TC_KERNEL(2, 2, 2)
-GEMV_TC_KERNEL(4, 2, 1)
-GEMV_TC_KERNEL(1, 4, 2)
-GEMV_TC_KERNEL(2, 4, 1)
-GEMV_TC_KERNEL(2, 4, 2)
+// Name: gemv_bf16_tc_w<W>_m<MT>_n<NT>_u<U>; the Rust side's TC_VARIANTS lists these.
+#define GEMV_TC_WARPS(W)          \
+    GEMV_TC_KERNEL(W, 1, 1, 2)    \
+    GEMV_TC_KERNEL(W, 1, 2, 2)    \
+    GEMV_TC_KERNEL(W, 2, 2, 1)    \
+    GEMV_TC_KERNEL(W, 1, 4, 2)
+
+GEMV_TC_WARPS(2)
+GEMV_TC_WARPS(4)
+GEMV_TC_WARPS(8)
+GEMV_TC_WARPS(16)
+GEMV_TC_KERNEL(2, 2, 4, 2)
+GEMV_TC_KERNEL(4, 2, 4, 2)
+GEMV_TC_KERNEL(8, 2, 4, 2)

@@ -44,7 +44,7 @@ pub use device::{CudaDevice, ModuleInfo};
 pub use error::{CudaError, Result};
 pub use ops::{
     DeviceMatrix, GdnDeviceRows, GdnShape, GemvKernel, WeightDtype, bf16_tile_index,
-    bf16_tiles_len, gemv_variant,
+    bf16_tiles_len, gemv_variant, linear_kernel, tc_warps,
 };
 pub use quant::QuantFormat;
 

@@ -174,9 +174,10 @@ const BUCKETS: [usize; 6] = [1, 2, 4, 8, 16, 32];
 pub enum GemvKernel {
     /// CUDA cores: R output rows per warp, U 16-byte chunks per row in flight.
     Simt { r: usize, u: usize },
-    /// Tensor cores (bf16 weights only): 16·M rows per block, U 32-wide K slabs per pipeline
-    /// stage. Every (M, U) gives bit-identical results (`kernels/gemv.cu`).
-    Mma { m: usize, u: usize },
+    /// Tensor cores (bf16 weights only): W warps splitting K, 16·M rows per block, U 32-wide K
+    /// slabs per pipeline stage. For one W, every (M, U) gives bit-identical results
+    /// (`kernels/gemv.cu`); W is chosen by the matrix shape ([`tc_warps`]).
+    Mma { w: usize, m: usize, u: usize },
 }
 
 /// The SIMT (R, U) instantiated for f32 and f16 weights, per bucket.
@@ -192,18 +193,27 @@ const SIMT_ALL: [(usize, usize, usize); 9] = [
     (32, 4, 1),
 ];
 
-/// The tensor-core kernels instantiated in `kernels/gemv.cu`: (n-tiles, M, U).
-const TC_VARIANTS: [(usize, usize, usize); 10] = [
-    (1, 1, 2),
-    (1, 1, 4),
-    (1, 2, 2),
-    (2, 1, 2),
-    (2, 2, 1),
-    (2, 2, 2),
-    (2, 4, 1),
-    (4, 1, 2),
-    (4, 2, 1),
-    (4, 2, 2),
+/// The tensor-core kernels instantiated in `kernels/gemv.cu`: (n-tiles, W, M, U).
+const TC_VARIANTS: [(usize, usize, usize, usize); 19] = [
+    (1, 2, 1, 2),
+    (1, 4, 1, 2),
+    (1, 8, 1, 2),
+    (1, 16, 1, 2),
+    (2, 2, 1, 2),
+    (2, 4, 1, 2),
+    (2, 8, 1, 2),
+    (2, 16, 1, 2),
+    (2, 2, 2, 1),
+    (2, 4, 2, 1),
+    (2, 8, 2, 1),
+    (2, 16, 2, 1),
+    (4, 2, 1, 2),
+    (4, 4, 1, 2),
+    (4, 8, 1, 2),
+    (4, 16, 1, 2),
+    (4, 2, 2, 2),
+    (4, 4, 2, 2),
+    (4, 8, 2, 2),
 ];
 
 /// The kernel [`CudaDevice::linear`] uses for `dtype` and a row bucket, chosen from the H200
@@ -228,17 +238,35 @@ fn default_kernel(dtype: WeightDtype, bucket: usize) -> GemvKernel {
     GemvKernel::Simt { r, u }
 }
 
-/// The tensor-core variant for a row bucket and a matrix of `rows` outputs, from the H200
-/// timings (bench/RESULTS.md, "bf16 tile layout"): 16 rows per block with 2 slabs per stage
-/// except at T = 9…16 on tall matrices (≥ 8192 rows: 32 rows per block, 1 slab; 69% against
-/// 64% of the copy bandwidth at 12288×4096) and at T = 17…32 (32 rows, 2 slabs). All variants
-/// sum in the same order, so choosing by shape keeps every result bit-identical.
+/// Warps per block of the tensor-core GEMV for a matrix of `rows` outputs. With 8 warps a
+/// short matrix (4096 rows, 256 row blocks) left half the SMs idle (ncu: 24% achieved
+/// occupancy) and a tall one (12288 rows) ran 1.45 waves. H200 timings per W (bench/RESULTS.md,
+/// "warps per shape"), graph-replayed, share of the copy bandwidth at T = 1 / T = 16:
+/// 4096×4096: W16 74% / 70%, W8 69% / 60%; 12288×4096: W4 88% / 72%, W16 85% / 75%,
+/// W8 83% / 70%; 4096×12288: W16 88%. W = 2 fell to 33% at T = 16, so the tall matrices take 4,
+/// and the LM head (many waves either way) 8. Depends on the shape only, so every T sums a row in
+/// the same order.
+pub fn tc_warps(rows: usize) -> usize {
+    match rows.div_ceil(16) {
+        0..=300 => 16,
+        301..=2200 => 4,
+        _ => 8,
+    }
+}
+
+/// The tensor-core variant for a row bucket and a matrix of `rows` outputs: 16 rows per block
+/// and 2 slabs per stage up to T = 8; 32 rows and 1 slab for T = 9…16 (70–75% of the copy
+/// bandwidth against 50–60% for 16 rows, except with 8 warps on short matrices); 32 rows and
+/// 2 slabs for T = 17…32 where W ≤ 8. All variants of one W sum in the same order, so choosing
+/// by shape keeps every result bit-identical across T.
 fn tc_kernel_for(bucket: usize, rows: usize) -> GemvKernel {
+    let w = tc_warps(rows);
     match mma_tiles(bucket) {
-        1 => GemvKernel::Mma { m: 1, u: 2 },
-        2 if rows >= 8192 => GemvKernel::Mma { m: 2, u: 1 },
-        2 => GemvKernel::Mma { m: 1, u: 2 },
-        _ => GemvKernel::Mma { m: 2, u: 2 },
+        1 => GemvKernel::Mma { w, m: 1, u: 2 },
+        2 if w == 8 && rows < 8192 => GemvKernel::Mma { w, m: 1, u: 2 },
+        2 => GemvKernel::Mma { w, m: 2, u: 1 },
+        _ if w <= 8 => GemvKernel::Mma { w, m: 2, u: 2 },
+        _ => GemvKernel::Mma { w, m: 1, u: 2 },
     }
 }
 
@@ -255,8 +283,8 @@ fn gemv_name(dtype: WeightDtype, t: usize, k: GemvKernel) -> String {
     let bucket = *BUCKETS.iter().find(|&&b| b >= t).unwrap_or(&32);
     match k {
         GemvKernel::Simt { r, u } => format!("gemv_{}_t{bucket}_r{r}_u{u}", dtype.tag()),
-        GemvKernel::Mma { m, u } => {
-            format!("gemv_{}_tc_m{m}_n{}_u{u}", dtype.tag(), mma_tiles(t))
+        GemvKernel::Mma { w, m, u } => {
+            format!("gemv_{}_tc_w{w}_m{m}_n{}_u{u}", dtype.tag(), mma_tiles(t))
         }
     }
 }
@@ -273,6 +301,17 @@ pub(crate) fn all_gemv_kernels() -> Vec<String> {
     v.sort();
     v.dedup();
     v
+}
+
+/// The kernel [`CudaDevice::linear`] takes for `dtype`, T ≤ 32 rows and a matrix of `rows`
+/// outputs (quantized and bf16 kernels are chosen by shape as well as T).
+pub fn linear_kernel(dtype: WeightDtype, t: usize, rows: usize) -> GemvKernel {
+    let bucket = *BUCKETS.iter().find(|&&b| b >= t).unwrap_or(&32);
+    match dtype {
+        WeightDtype::Quant(_) => crate::quant::kernel_for(bucket, rows),
+        WeightDtype::Bf16 => tc_kernel_for(bucket, rows),
+        d => default_kernel(d, bucket),
+    }
 }
 
 /// The GEMV kernels that exist for `dtype` and T rows, the default first (the others are for
@@ -294,8 +333,8 @@ pub fn gemv_variant(dtype: WeightDtype, t: usize) -> Vec<GemvKernel> {
         }
     }
     if dtype == WeightDtype::Bf16 {
-        for &(nt, m, u) in &TC_VARIANTS {
-            let k = GemvKernel::Mma { m, u };
+        for &(nt, w, m, u) in &TC_VARIANTS {
+            let k = GemvKernel::Mma { w, m, u };
             if nt == mma_tiles(b) && !v.contains(&k) {
                 v.push(k);
             }
@@ -516,12 +555,7 @@ impl CudaDevice {
         if let Some(b) = bias {
             ensure!(b.len() == n, "linear: bias has {} values, not {n}", b.len());
         }
-        let bucket = *BUCKETS.iter().find(|&&b| b >= t).expect("t ≤ 32");
-        let kern = variant.unwrap_or_else(|| match w.dtype {
-            WeightDtype::Quant(_) => crate::quant::kernel_for(bucket, w.rows),
-            WeightDtype::Bf16 => tc_kernel_for(bucket, w.rows),
-            d => default_kernel(d, bucket),
-        });
+        let kern = variant.unwrap_or_else(|| linear_kernel(w.dtype, t, w.rows));
         ensure!(
             gemv_variant(w.dtype, t).contains(&kern),
             "linear: no GEMV kernel {kern:?} for {} at T={t}",
@@ -537,9 +571,13 @@ impl CudaDevice {
             GemvKernel::Simt { r, .. } => n.div_ceil(r).div_ceil(8),
             GemvKernel::Mma { m, .. } => n.div_ceil(16 * m),
         };
+        let threads = match kern {
+            GemvKernel::Mma { w, .. } => 32 * w as u32,
+            GemvKernel::Simt { .. } => 256,
+        };
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
-            block_dim: (256, 1, 1),
+            block_dim: (threads, 1, 1),
             shared_mem_bytes: 0,
         };
         let null: u64 = 0;
@@ -756,6 +794,10 @@ impl CudaDevice {
                 "gdn: final_state must be [Hv, dk, dv]"
             );
         }
+        ensure!(
+            dptr(rows.q, self.stream()).is_multiple_of(16),
+            "gdn_tree_verify: q must start 16-byte aligned (the kernel reads it in 16-byte loads)"
+        );
         let f = self.func(Module::Gdn, "gdn_tree_verify_f32")?;
         let dims = [
             t as i32,
@@ -860,8 +902,8 @@ mod tests {
         }
         assert!(gemv_variant(WeightDtype::Bf16, 33).is_empty());
         assert_eq!(
-            gemv_name(WeightDtype::Bf16, 12, GemvKernel::Mma { m: 4, u: 1 }),
-            "gemv_bf16_tc_m4_n2_u1"
+            gemv_name(WeightDtype::Bf16, 12, GemvKernel::Mma { w: 4, m: 2, u: 1 }),
+            "gemv_bf16_tc_w4_m2_n2_u1"
         );
         assert_eq!(
             gemv_name(WeightDtype::F16, 3, GemvKernel::Simt { r: 4, u: 2 }),

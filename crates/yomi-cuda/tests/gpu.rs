@@ -32,6 +32,7 @@ use yomi_cpu::gdn::{self as cgdn, GdnRows};
 use yomi_cpu::linear::{Matrix, WeightData, linear as cpu_linear};
 use yomi_cuda::{
     CudaDevice, DeviceMatrix, GdnDeviceRows, GdnShape, GemvKernel, WeightDtype, gemv_variant,
+    linear_kernel,
 };
 
 struct Err {
@@ -531,7 +532,7 @@ fn z_gemv_timing_vs_copy_bandwidth() {
                 let xd = d.upload(&r.vec(t * cols, 1.0)).unwrap();
                 let mut out = d.alloc_zeros::<f32>(t * rows).unwrap();
                 let bytes = (wbytes + t * cols * 4 + t * rows * 4) as f64;
-                for (vi, variant) in gemv_variant(dtype, t).into_iter().enumerate() {
+                for variant in gemv_variant(dtype, t) {
                     let mut round = || {
                         for m in &mats {
                             d.linear_variant(&xd, t, m, None, &mut out, Some(variant))
@@ -564,7 +565,11 @@ fn z_gemv_timing_vs_copy_bandwidth() {
                     println!(
                         "RESULT gemv {dtype:?} {rows}x{cols} T={t:<2} {:<18}{}: {:.2} µs {gbs:.0} GB/s = {:.0}% of copy, {tflops:.1} TFLOP/s | {graph}",
                         format!("{variant:?}"),
-                        if vi == 0 { " (default)" } else { "" },
+                        if variant == linear_kernel(dtype, t, rows) {
+                            " (default)"
+                        } else {
+                            ""
+                        },
                         per * 1e3,
                         100.0 * gbs / copy_gbs
                     );
