@@ -18,9 +18,11 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use yomi_cpu::quant::{Kernel, Precision, QuantData, QuantType, linear_quant_with};
+use yomi_cpu::quant::{
+    Kernel, PackedQuant, Precision, QuantData, QuantType, linear_packed_with, linear_quant_with,
+};
 
-const TS: [usize; 7] = [1, 2, 4, 8, 16, 32, 256];
+const TS: [usize; 8] = [1, 2, 4, 8, 12, 16, 32, 256];
 const BATCH: Duration = Duration::from_millis(20);
 
 fn lcg(seed: u64, n: usize) -> Vec<f32> {
@@ -95,19 +97,32 @@ fn main() {
     let cases = [
         (QuantType::Q4_1, 1536, 576),
         (QuantType::Q4_1, 576, 1536),
+        (QuantType::Q4_1, 576, 576),
         (QuantType::Q8_0, 1536, 576),
         (QuantType::Q8_0, 576, 1536),
+        (QuantType::Q8_0, 49152, 576),
         (QuantType::Q4_K, 4096, 4096),
     ];
     println!(
-        "{:<5} {:>9} {:>3} {:>4} | {:>10} {:>7} | {:>10} {:>7} | {:>7}",
-        "type", "rows×cols", "thr", "T", "per-row µs", "ratio", "tiled µs", "ratio", "speedup"
+        "{:<5} {:>9} {:>3} {:>4} | {:>10} {:>7} | {:>10} {:>7} | {:>10} {:>7} | {:>7}",
+        "type",
+        "rows×cols",
+        "thr",
+        "T",
+        "per-row µs",
+        "ratio",
+        "tiled µs",
+        "ratio",
+        "packed µs",
+        "ratio",
+        "packed/tiled"
     );
     for (ty, rows, cols) in cases {
         if only.as_deref().is_some_and(|o| o != ty.name()) {
             continue;
         }
         let q = QuantData::quantize(ty, rows, cols, &lcg(1, rows * cols));
+        let packed = PackedQuant::from_ggml(&q, rows, cols);
         let tmax = *TS.last().expect("T values");
         let x = lcg(2, tmax * cols);
         let mut out = vec![0.0f32; tmax * rows];
@@ -134,34 +149,33 @@ fn main() {
                 .num_threads(threads)
                 .build()
                 .expect("rayon pool");
-            // [path][T index] minimum seconds per call.
-            let mut best = [[f64::INFINITY; TS.len()]; 2];
+            // [path][T index] minimum seconds per call (path 2: packed, where the type has it).
+            let mut best = [[f64::INFINITY; TS.len()]; 3];
             pool.install(|| {
                 for _ in 0..rounds {
                     for (ti, &t) in TS.iter().enumerate() {
-                        for (pi, tiling) in [false, true].into_iter().enumerate() {
-                            let k = kernel.with_row_tiling(tiling);
+                        for (pi, bp) in best.iter_mut().enumerate() {
+                            let k = kernel.with_row_tiling(pi == 1);
+                            if pi == 2 && packed.is_none() {
+                                continue;
+                            }
                             let s = batch(threads == 1, || {
-                                linear_quant_with(
-                                    k,
-                                    &x[..t * cols],
-                                    t,
-                                    rows,
-                                    cols,
-                                    &q,
-                                    &mut out[..t * rows],
-                                );
+                                let (xs, o) = (&x[..t * cols], &mut out[..t * rows]);
+                                match (pi, &packed) {
+                                    (2, Some(p)) => linear_packed_with(k, xs, t, p, o),
+                                    _ => linear_quant_with(k, xs, t, rows, cols, &q, o),
+                                }
                                 black_box(&out);
                             });
-                            best[pi][ti] = best[pi][ti].min(s);
+                            bp[ti] = bp[ti].min(s);
                         }
                     }
                 }
             });
             for (ti, &t) in TS.iter().enumerate() {
-                let (old, new) = (best[0][ti], best[1][ti]);
+                let (old, new, pk) = (best[0][ti], best[1][ti], best[2][ti]);
                 println!(
-                    "{:<5} {:>9} {:>3} {:>4} | {:>10.1} {:>7.2} | {:>10.1} {:>7.2} | {:>6.2}×",
+                    "{:<5} {:>9} {:>3} {:>4} | {:>10.1} {:>7.2} | {:>10.1} {:>7.2} | {:>10.1} {:>7.2} | {:>6.2}×",
                     ty.name(),
                     format!("{rows}×{cols}"),
                     threads,
@@ -170,7 +184,9 @@ fn main() {
                     old / best[0][0],
                     new * 1e6,
                     new / best[1][0],
-                    old / new
+                    pk * 1e6,
+                    pk / best[2][0],
+                    new / pk
                 );
             }
         }

@@ -14,7 +14,7 @@
 use rayon::prelude::*;
 use std::cell::RefCell;
 
-use crate::quant::{self, QuantData, QuantShapeError, QuantType};
+use crate::quant::{self, PackedQuant, QuantData, QuantShapeError, QuantType};
 use crate::simd;
 
 /// How a weight matrix is stored in memory.
@@ -27,6 +27,9 @@ pub enum WeightData {
     F16(Vec<u16>),
     /// GGML blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K), row after row.
     Quant(QuantData),
+    /// Q8_0/Q4_0/Q4_1 blocks regrouped for the CPU kernels, 16 rows interleaved
+    /// ([`crate::quant::packed`]); [`Matrix::pack`] makes it, [`Matrix::unpack`] undoes it.
+    Packed(PackedQuant),
 }
 
 impl WeightData {
@@ -35,6 +38,7 @@ impl WeightData {
             WeightData::F32(v) => v.len() * 4,
             WeightData::Bf16(v) | WeightData::F16(v) => v.len() * 2,
             WeightData::Quant(q) => q.bytes.len(),
+            WeightData::Packed(p) => p.size_bytes(),
         }
     }
 }
@@ -56,6 +60,13 @@ impl Matrix {
                 if let Err(e) = q.check_shape(rows, cols) {
                     panic!("matrix data does not match its shape: {e}");
                 }
+                rows * cols
+            }
+            WeightData::Packed(p) => {
+                assert!(
+                    p.rows() == rows && p.cols() == cols,
+                    "matrix data does not match its shape"
+                );
                 rows * cols
             }
         };
@@ -100,6 +111,29 @@ impl Matrix {
                 quant::dequantize_row(q.ty, q.row(c, r), buf);
                 buf
             }
+            WeightData::Packed(p) => {
+                let buf = &mut buf[..c];
+                p.dequantize_row(r, buf);
+                buf
+            }
+        }
+    }
+
+    /// Regroups Q8_0/Q4_0/Q4_1 blocks into the packed CPU layout (see [`WeightData::Packed`]);
+    /// other data is left as it is. The same bytes, so the same memory.
+    pub fn pack(&mut self) {
+        if let WeightData::Quant(q) = &self.data
+            && let Some(p) = PackedQuant::from_ggml(q, self.rows, self.cols)
+        {
+            self.data = WeightData::Packed(p);
+        }
+    }
+
+    /// Back to GGML blocks row after row (for consumers of the file layout, e.g. an
+    /// accelerator upload).
+    pub fn unpack(&mut self) {
+        if let WeightData::Packed(p) = &self.data {
+            self.data = WeightData::Quant(p.to_ggml());
         }
     }
 
@@ -123,6 +157,8 @@ pub fn linear(x: &[f32], t: usize, w: &Matrix, bias: Option<&[f32]>, out: &mut [
     assert_eq!(out.len(), t * n_out, "linear: output is not [T, out]");
     if let WeightData::Quant(q) = &w.data {
         quant::linear_quant(x, t, n_out, n_in, q, out);
+    } else if let WeightData::Packed(p) = &w.data {
+        quant::linear_packed(x, t, p, out);
     } else if t == 1 {
         out.par_chunks_mut(ROWS_PER_TASK)
             .enumerate()

@@ -89,6 +89,8 @@ impl Engine {
             pb = pb.num_threads(n);
         }
         let pool = pb.build().context("cannot start the kernel thread pool")?;
+        let mut model = model;
+        model.pack_for_cpu();
         Ok(Engine {
             model,
             tokenizer,

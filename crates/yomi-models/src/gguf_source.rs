@@ -309,6 +309,8 @@ fn undo_gdn_cols(m: Matrix, h: &GdnHeads, g: &str) -> Result<Matrix> {
                 WeightData::F32(permute(&dequantize(&whole), dv, &heads))
             }
         },
+        // Sources hand out GGML blocks; packing happens after loading.
+        WeightData::Packed(_) => unreachable!("a GGUF source never yields packed weights"),
     };
     Ok(Matrix::new(rows, cols, data))
 }

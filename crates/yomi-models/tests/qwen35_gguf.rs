@@ -32,6 +32,7 @@ fn kind(d: &WeightData) -> &'static str {
         WeightData::F16(_) => "f16",
         WeightData::Bf16(_) => "bf16",
         WeightData::Quant(_) => "quantized",
+        WeightData::Packed(_) => "packed",
     }
 }
 

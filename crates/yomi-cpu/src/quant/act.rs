@@ -58,6 +58,9 @@ pub struct PairQ8 {
     /// `w + 128` (see [`super::x86`]); spread over the four lanes of each block so that the
     /// lanes stay small before their conversion to f32.
     pub q8_off: [i32; 8],
+    /// `[−128·Σ_A, −128·Σ_B]`: the start of the packed Q8_0 kernels' lanes (see
+    /// [`super::packed`]); fits the struct's padding.
+    pub off128: [i32; 2],
 }
 
 impl Default for PairQ8 {
@@ -67,6 +70,7 @@ impl Default for PairQ8 {
             ds: [0.0; 4],
             sum: [0; 2],
             q8_off: [0; 8],
+            off128: [0; 2],
         }
     }
 }
@@ -87,6 +91,8 @@ pub struct PairQ8x2 {
     pub sum: [i32; 2],
     /// `[−32·Σ_A; 4] ++ [−32·Σ_B; 4]` (of `Q`), as in [`PairQ8`].
     pub q8_off: [i32; 8],
+    /// `[−128·Σ_A, −128·Σ_B]` (of `Q`), as in [`PairQ8`].
+    pub off128: [i32; 2],
 }
 
 impl Default for PairQ8x2 {
@@ -97,6 +103,7 @@ impl Default for PairQ8x2 {
             ds: [0.0; 4],
             sum: [0; 2],
             q8_off: [0; 8],
+            off128: [0; 2],
         }
     }
 }
@@ -172,6 +179,8 @@ pub trait Act32: ActBlock {
     fn sum(&self) -> [i32; 2];
     /// `[−32·Σ_A; 4] ++ [−32·Σ_B; 4]`.
     fn q8_off(&self) -> &[i32; 8];
+    /// `[−128·Σ_A, −128·Σ_B]`.
+    fn off128(&self) -> &[i32; 2];
     fn qs(&self) -> &[i8; 64];
     fn qr(&self) -> Option<&[i8; 64]>;
 }
@@ -264,6 +273,7 @@ impl ActBlock for PairQ8 {
             self.ds[2 * h + 1] = d * sum as f32;
             self.sum[h] = sum;
             self.q8_off[4 * h..4 * h + 4].fill(-32 * sum);
+            self.off128[h] = -128 * sum;
         }
     }
     fn dequantize(&self, out: &mut [f32]) {
@@ -298,6 +308,7 @@ impl ActBlock for PairQ8x2 {
             self.ds[2 * h + 1] = d * sum as f32;
             self.sum[h] = sum;
             self.q8_off[4 * h..4 * h + 4].fill(-32 * sum);
+            self.off128[h] = -128 * sum;
         }
     }
     fn dequantize(&self, out: &mut [f32]) {
@@ -371,6 +382,10 @@ impl Act32 for PairQ8 {
         &self.q8_off
     }
     #[inline(always)]
+    fn off128(&self) -> &[i32; 2] {
+        &self.off128
+    }
+    #[inline(always)]
     fn qs(&self) -> &[i8; 64] {
         &self.qs
     }
@@ -392,6 +407,10 @@ impl Act32 for PairQ8x2 {
     #[inline(always)]
     fn q8_off(&self) -> &[i32; 8] {
         &self.q8_off
+    }
+    #[inline(always)]
+    fn off128(&self) -> &[i32; 2] {
+        &self.off128
     }
     #[inline(always)]
     fn qs(&self) -> &[i8; 64] {
@@ -509,3 +528,7 @@ pub fn dequantize_act<A: ActBlock>(a: &[A], cols: usize) -> Vec<f32> {
     }
     out
 }
+
+// The pair layouts keep their sizes (the `off128` field fills padding): one cache-line multiple.
+const _: () = assert!(std::mem::size_of::<PairQ8>() == 128);
+const _: () = assert!(std::mem::size_of::<PairQ8x2>() == 192);

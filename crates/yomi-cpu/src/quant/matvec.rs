@@ -24,7 +24,10 @@ use rayon::prelude::*;
 use std::cell::RefCell;
 use std::thread::LocalKey;
 
-use super::act::{ActBlock, BlockQ8K, BlockQ8Kx2, PairQ8, PairQ8x2, quantize_rows, units_per_row};
+use super::act::{
+    Act32, ActBlock, BlockQ8K, BlockQ8Kx2, PairQ8, PairQ8x2, quantize_rows, units_per_row,
+};
+use super::packed::{GROUP, PackedQuant};
 use super::{Kernel, Precision, QuantData};
 
 thread_local! {
@@ -211,4 +214,119 @@ fn run<A: ActBlock>(
                 }
             });
     })
+}
+
+/// `out[T, rows] = x[T, cols] · Wᵀ` for packed weights (see [`super::packed`]) with the best
+/// kernels of this CPU.
+pub(crate) fn linear_packed(x: &[f32], t: usize, p: &PackedQuant, out: &mut [f32]) {
+    linear_packed_with(Kernel::best(), x, t, p, out)
+}
+
+/// Activation rows per cache tile of the packed path: a tile stays in L1/L2 while every group
+/// of a task passes over it (at least a register tile of 8).
+const PACKED_ACT_TILE_BYTES: usize = 32 * 1024;
+
+/// `linear_packed` with a chosen kernel set: T activation rows quantized once, groups of 16
+/// weight rows split over the pool, each group dotted with every activation row by
+/// [`Kernel::packed_group`] (whatever T, the same bits per output); the rows past the last
+/// group go through [`Kernel::dot`].
+pub fn linear_packed_with(kernel: Kernel, x: &[f32], t: usize, p: &PackedQuant, out: &mut [f32]) {
+    let (rows, cols) = (p.rows(), p.cols());
+    assert_eq!(x.len(), t * cols, "linear_packed: input is not [T, in]");
+    assert_eq!(out.len(), t * rows, "linear_packed: output is not [T, out]");
+    if t == 0 || rows == 0 {
+        return;
+    }
+    match kernel.precision() {
+        Precision::Int8 => packed_run(&ACT_Q8, kernel, x, t, p, out),
+        Precision::Int8x2 => packed_run(&ACT_Q8X2, kernel, x, t, p, out),
+    }
+}
+
+fn packed_run<A: Act32>(
+    key: &'static LocalKey<RefCell<Vec<A>>>,
+    kernel: Kernel,
+    x: &[f32],
+    t: usize,
+    p: &PackedQuant,
+    out: &mut [f32],
+) {
+    let (rows, cols, ty) = (p.rows(), p.cols(), p.ty());
+    let nb = units_per_row::<A>(cols);
+    with_scratch(key, |acts| {
+        quantize_rows(x, cols, acts);
+        let acts = &acts[..];
+        let groups = p.groups();
+        let gbytes = GROUP * p.row_bytes();
+        let min_len = (MIN_BYTES_PER_JOB / gbytes.max(1)).max(1);
+        let unit_bytes = std::mem::size_of::<A>() * nb;
+        let tile = (PACKED_ACT_TILE_BYTES / unit_bytes.max(1) / 8 * 8)
+            .max(8)
+            .min(t);
+        // Groups g0.. into `slab` ([group][T][16]); activation tiles outside, groups inside.
+        let task = |g0: usize, slab: &mut [f32]| {
+            let n = slab.len() / (t * GROUP);
+            let start = g0 * gbytes;
+            prefetch_bytes(p.group_bytes(0, groups), start, start + n * gbytes);
+            for t0 in (0..t).step_by(tile) {
+                let t1 = (t0 + tile).min(t);
+                let a = A::row(&acts[t0 * nb..t1 * nb]);
+                for (k, o) in slab.chunks_exact_mut(t * GROUP).enumerate() {
+                    let w = p.group_bytes(g0 + k, g0 + k + 1);
+                    kernel.packed_group(ty, w, a, t1 - t0, &mut o[t0 * GROUP..t1 * GROUP]);
+                }
+            }
+        };
+        if t == 1 {
+            out[..groups * GROUP]
+                .par_chunks_mut(GROUP)
+                .with_min_len(min_len)
+                .enumerate()
+                .for_each(|(g, o)| task(g, o));
+        } else {
+            with_scratch(&OUT_T, |ot| {
+                ot.resize(groups * t * GROUP, 0.0);
+                ot.par_chunks_mut(t * GROUP)
+                    .with_min_len(min_len)
+                    .enumerate()
+                    .for_each(|(g, o)| task(g, o));
+                let ot = &ot[..];
+                out.par_chunks_mut(rows)
+                    .with_min_len((4096 / rows).max(1))
+                    .enumerate()
+                    .for_each(|(ti, o)| {
+                        for (g, og) in o[..groups * GROUP].chunks_exact_mut(GROUP).enumerate() {
+                            let s = (g * t + ti) * GROUP;
+                            og.copy_from_slice(&ot[s..s + GROUP]);
+                        }
+                    });
+            });
+        }
+        // The tail rows (fewer than a group): the row kernels, T = 1 bits by construction.
+        for r in groups * GROUP..rows {
+            let w = p.tail_row(r);
+            for ti in 0..t {
+                out[ti * rows + r] = kernel.dot(ty, w, A::row(&acts[ti * nb..(ti + 1) * nb]));
+            }
+        }
+    })
+}
+
+/// [`prefetch`] over a byte slice.
+#[inline]
+fn prefetch_bytes(bytes: &[u8], start: usize, end: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let lo = (start + PREFETCH_AHEAD).min(bytes.len());
+        let hi = (end + PREFETCH_AHEAD).min(bytes.len());
+        let mut i = lo;
+        while i < hi {
+            // SAFETY: `prefetch` is only a hint and never faults; the address is in the slice.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(bytes.as_ptr().add(i) as *const i8) };
+            i += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (bytes, start, end);
 }

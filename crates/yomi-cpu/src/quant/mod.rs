@@ -42,6 +42,7 @@
 pub mod act;
 pub mod formats;
 mod matvec;
+pub mod packed;
 pub mod scalar;
 #[cfg(test)]
 mod tests;
@@ -56,8 +57,9 @@ pub use act::{
     Act32, Act256, ActBlock, BlockQ8K, BlockQ8Kx2, PairQ8, PairQ8x2, quantize, quantize_rows,
 };
 pub use formats::{QK, QK_K, dequantize_row, quantize_row};
-pub(crate) use matvec::linear_quant;
-pub use matvec::linear_quant_with;
+pub(crate) use matvec::{linear_packed, linear_quant};
+pub use matvec::{linear_packed_with, linear_quant_with};
+pub use packed::PackedQuant;
 
 /// A GGML block-quantized tensor type.
 #[allow(non_camel_case_types)]
@@ -573,6 +575,57 @@ impl Kernel {
                 x86_block256(isa, ty, w, a, s, out)
             }
             (_, ty) => panic!("Kernel::dot_block: wrong activation kind for {ty}"),
+        }
+    }
+
+    /// One packed group (`w`: all blocks of its [`packed::GROUP`] rows, see [`packed`]) · `n`
+    /// activation rows (`a`, back to back): `out[i·16 + l]` = row l of the group · activation
+    /// row i. Per output the same operations whatever `n` and whichever rows share the call,
+    /// on every instruction set (so the bits agree across T and across kernel sets).
+    ///
+    /// Panics when `ty` has no packed layout, the activations are not 32-block pairs or the
+    /// lengths disagree.
+    pub fn packed_group(self, ty: QuantType, w: &[u8], a: ActRow<'_>, n: usize, out: &mut [f32]) {
+        match a {
+            ActRow::Q8(a) => self.packed_group32(ty, w, a, n, out),
+            ActRow::Q8x2(a) => self.packed_group32(ty, w, a, n, out),
+            _ => panic!("Kernel::packed_group: {ty} needs 32-block activation pairs"),
+        }
+    }
+
+    fn packed_group32<A: Act32>(self, ty: QuantType, w: &[u8], a: &[A], n: usize, out: &mut [f32]) {
+        assert!(
+            PackedQuant::supports(ty)
+                && n > 0
+                && a.len().is_multiple_of(n)
+                && out.len() >= n * packed::GROUP
+                && w.len().is_multiple_of(packed::GROUP * ty.type_size())
+                && w.len() / (packed::GROUP * ty.type_size())
+                    == (a.len() / n) * 2
+                        - usize::from(w.len() / (packed::GROUP * ty.type_size()) % 2 == 1),
+            "Kernel::packed_group: lengths do not fit ({ty}, {} weight bytes, {} pairs, {n} \
+             rows, {} outputs)",
+            w.len(),
+            a.len(),
+            out.len()
+        );
+        match self.isa {
+            Isa::Scalar => {
+                let nb2 = a.len() / n;
+                for (ar, o) in a.chunks_exact(nb2).zip(out.chunks_exact_mut(packed::GROUP)) {
+                    packed::group_scalar(ty, w, ar, o);
+                }
+            }
+            // SAFETY: `isa` comes from a `Kernel`, which only exists for supported instruction
+            // sets; the lengths were checked above.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => unsafe { packed::x86::group_avx512vnni(ty, w, a, n, out) },
+            #[cfg(target_arch = "x86_64")]
+            Isa::AvxVnni => unsafe { packed::x86::group_avxvnni_rows(ty, w, a, n, out) },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { packed::x86::group_avx2_rows(ty, w, a, n, out) },
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => unreachable!("only scalar kernels exist off x86-64"),
         }
     }
 

@@ -999,3 +999,214 @@ fn nested_linear_does_not_panic() {
         assert_eq!(o, want);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Packed (interleaved) Q8_0 / Q4_0 / Q4_1.
+
+const PACKED_TYPES: [QuantType; 3] = [QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1];
+
+fn supported_isas() -> Vec<Isa> {
+    Isa::ALL.into_iter().filter(|i| i.is_supported()).collect()
+}
+
+#[test]
+fn packed_round_trip() {
+    let mut rng = Rng(11);
+    for ty in PACKED_TYPES {
+        for (rows, cols) in [(16, 32), (37, 544), (5, 64), (48, 1056)] {
+            let q = QuantData {
+                ty,
+                bytes: random_blocks(ty, rows * cols / 32, &mut rng),
+            };
+            let p = PackedQuant::from_ggml(&q, rows, cols).expect("packable");
+            assert_eq!(p.size_bytes(), q.bytes.len());
+            assert_eq!(p.to_ggml().bytes, q.bytes, "{ty} {rows}x{cols}");
+            let (mut a, mut b) = (vec![0.0; cols], vec![0.0; cols]);
+            for r in 0..rows {
+                p.dequantize_row(r, &mut a);
+                dequantize_row(ty, q.row(cols, r), &mut b);
+                assert_eq!(bits(&a), bits(&b), "{ty} row {r}");
+            }
+            if rows >= 16 {
+                assert_ne!(p.group_bytes(0, 1), &q.bytes[..16 * q.bytes.len() / rows]);
+            }
+        }
+    }
+    let q = QuantData::quantize(QuantType::Q4_K, 16, 256, &rng.vec(16 * 256));
+    assert!(PackedQuant::from_ggml(&q, 16, 256).is_none());
+}
+
+/// Packed `linear_packed_with` on T rows against T one-row calls, bit for bit, on every kernel
+/// set of this CPU; the group rows also agree bit for bit across kernel sets (scalar included)
+/// and against the packed-free row kernels within the f32 summation tolerance.
+#[test]
+fn packed_rows_bitwise() {
+    const TS: [usize; 9] = [1, 2, 3, 5, 8, 9, 16, 17, 64];
+    let mut rng = Rng(91);
+    for ty in PACKED_TYPES {
+        // 17 blocks (odd: the last pair is half zero); 2 groups + 5 tail rows.
+        let (rows, cols) = (37, 544);
+        let q = QuantData {
+            ty,
+            bytes: random_blocks(ty, rows * cols / 32, &mut rng),
+        };
+        let p = PackedQuant::from_ggml(&q, rows, cols).expect("packable");
+        let tmax = 64 + 3;
+        let x = random_acts(tmax * cols, &mut rng);
+        for prec in Precision::ALL {
+            let mut first: Option<Vec<u32>> = None;
+            for isa in supported_isas() {
+                let k = kernel(isa, prec);
+                let mut one = vec![0.0; tmax * rows];
+                for (xr, o) in x.chunks(cols).zip(one.chunks_mut(rows)) {
+                    linear_packed_with(k, xr, 1, &p, o);
+                }
+                for t in TS {
+                    for start in [0, 3] {
+                        let xs = &x[start * cols..(start + t) * cols];
+                        let mut got = vec![0.0; t * rows];
+                        linear_packed_with(k, xs, t, &p, &mut got);
+                        assert!(
+                            bits(&got) == bits(&one[start * rows..(start + t) * rows]),
+                            "{ty} {prec} {isa:?} T {t} start {start}: not the one-row bits"
+                        );
+                    }
+                }
+                // Group rows: the same bits on every kernel set.
+                let groups: Vec<u32> = one.chunks(rows).flat_map(|r| bits(&r[..32])).collect();
+                match &first {
+                    None => first = Some(groups),
+                    Some(f) => assert!(*f == groups, "{ty} {prec} {isa:?}: not the scalar bits"),
+                }
+                // Against the GGML row kernels (another f32 order).
+                let mut rowk = vec![0.0; tmax * rows];
+                linear_quant_with(k, &x, tmax, rows, cols, &q, &mut rowk);
+                let deq = dequant(ty, &q.bytes);
+                for (i, (a, b)) in one.iter().zip(&rowk).enumerate() {
+                    let (ti, r) = (i / rows, i % rows);
+                    let mag: f32 = deq[r * cols..(r + 1) * cols]
+                        .iter()
+                        .zip(&x[ti * cols..(ti + 1) * cols])
+                        .map(|(w, v)| (w * v).abs())
+                        .sum();
+                    assert!(
+                        (a - b).abs() <= 1e-5 * mag + 1e-6,
+                        "{ty} {prec} {isa:?} out {i}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Packed linear against `linear_reference` at real shapes (SmolLM2-135M: q/o 576×576, k/v
+/// 192×576, gate/up 1536×576, down 576×1536, the tied Q8_0 LM head 49152×576; a 4096×4096
+/// projection), within the activation-rounding bound.
+#[test]
+fn packed_real_shapes() {
+    let cases: &[(QuantType, usize, usize, &[usize])] = &[
+        (QuantType::Q4_1, 576, 576, &[1, 5, 16]),
+        (QuantType::Q4_1, 192, 576, &[1, 16]),
+        (QuantType::Q4_1, 1536, 576, &[1, 5, 16]),
+        (QuantType::Q4_1, 576, 1536, &[1, 5, 16]),
+        (QuantType::Q8_0, 576, 576, &[1, 9]),
+        (QuantType::Q4_0, 1536, 576, &[1, 9]),
+        (QuantType::Q8_0, 49152, 576, &[1, 3]),
+        (QuantType::Q4_1, 4096, 4096, &[2]),
+        (QuantType::Q8_0, 4096, 4096, &[1]),
+    ];
+    for (ci, &(ty, rows, cols, ts)) in cases.iter().enumerate() {
+        let mut rng = Rng(500 + ci as u64);
+        let q = QuantData::quantize(ty, rows, cols, &rng.vec(rows * cols));
+        let p = PackedQuant::from_ggml(&q, rows, cols).expect("packable");
+        let w = Matrix::new(rows, cols, WeightData::Quant(q));
+        let wp = Matrix::new(rows, cols, WeightData::Packed(p.clone()));
+        for &t in ts {
+            let x = random_acts(t * cols, &mut rng);
+            let mut want = vec![0.0; t * rows];
+            linear_reference(&x, t, &w, None, &mut want);
+            for prec in Precision::ALL {
+                let mut got = vec![0.0; t * rows];
+                linear_packed_with(Kernel::best().with_precision(prec), &x, t, &p, &mut got);
+                if prec == Precision::current() {
+                    let mut lin = vec![0.0; t * rows];
+                    linear(&x, t, &wp, None, &mut lin);
+                    assert_eq!(bits(&lin), bits(&got), "linear on a packed matrix");
+                }
+                let mut buf = vec![0.0; cols];
+                for r in 0..rows {
+                    let wr = w.row_f32(r, &mut buf).to_vec();
+                    for ti in 0..t {
+                        let i = ti * rows + r;
+                        let xr = &x[ti * cols..(ti + 1) * cols];
+                        let tol = act_bound(&wr, xr, 32, prec) + 1.2e-7 * want[i].abs() as f64;
+                        assert!(
+                            ((got[i] - want[i]) as f64).abs() <= tol,
+                            "{ty} {prec} [{rows}x{cols}] t {t}: row {r} step {ti}: {} vs {} \
+                             (tol {tol})",
+                            got[i],
+                            want[i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// `Kernel::packed_group` of random bytes (every quant pattern) with n activation rows
+    /// (optionally all ±1: the largest integers) is bitwise the scalar twin per activation row,
+    /// on every kernel set of this CPU and whatever n.
+    #[test]
+    fn packed_group_bitwise_prop(
+        ty_i in 0usize..3,
+        seed in any::<u64>(),
+        nb in 1usize..6,
+        n in 1usize..20,
+        big in any::<bool>(),
+    ) {
+        let ty = PACKED_TYPES[ty_i];
+        let mut rng = Rng(seed);
+        let cols = nb * 32;
+        let q = QuantData { ty, bytes: random_blocks(ty, 16 * nb, &mut rng) };
+        let p = PackedQuant::from_ggml(&q, 16, cols).expect("packable");
+        let w = p.group_bytes(0, 1);
+        let mut x = random_acts(n * cols, &mut rng);
+        if big {
+            for v in &mut x {
+                *v = if *v >= 0.0 { 1.0 } else { -1.0 };
+            }
+        }
+        for prec in Precision::ALL {
+            fn go<A: Act32>(ty: QuantType, prec: Precision, w: &[u8], x: &[f32], cols: usize)
+                -> Result<(), TestCaseError> {
+                let mut all: Vec<A> = Vec::new();
+                quantize_rows(x, cols, &mut all);
+                let n = x.len() / cols;
+                let per = all.len() / n;
+                let mut want = vec![0.0f32; n * 16];
+                for (ar, o) in all.chunks(per).zip(want.chunks_mut(16)) {
+                    packed::group_scalar(ty, w, ar, o);
+                }
+                for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+                    let k = kernel(isa, prec);
+                    let mut got = vec![-7.0f32; n * 16];
+                    k.packed_group(ty, w, A::row(&all), n, &mut got);
+                    prop_assert_eq!(bits(&got), bits(&want), "{} {} {:?} n {}", ty, prec, isa, n);
+                    for (i, ar) in all.chunks(per).enumerate() {
+                        let mut one = vec![0.0f32; 16];
+                        k.packed_group(ty, w, A::row(ar), 1, &mut one);
+                        prop_assert_eq!(bits(&one), bits(&want[i * 16..(i + 1) * 16]));
+                    }
+                }
+                Ok(())
+            }
+            match prec {
+                Precision::Int8 => go::<PairQ8>(ty, prec, w, &x, cols)?,
+                Precision::Int8x2 => go::<PairQ8x2>(ty, prec, w, &x, cols)?,
+            }
+        }
+    }
+}

@@ -176,6 +176,8 @@ pub fn attach(
         );
     }
     let dev = Arc::new(CudaDevice::open(ordinal)?);
+    // The device kernels read GGML blocks row after row, not the CPU's packed groups.
+    model.unpack();
     let cm = CudaModel::upload(dev, model, progress)?;
     model.accel = Some(Arc::new(cm));
     model.release_host_matrices();

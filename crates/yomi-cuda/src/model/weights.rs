@@ -103,6 +103,11 @@ fn upload_matrix(dev: &CudaDevice, m: &Matrix) -> Result<DeviceMatrix> {
             };
             DeviceMatrix::from_ggml_blocks(dev, m.rows, m.cols, fmt, &q.bytes)?
         }
+        // `attach` unpacks first; a packed matrix reaching here is converted on the way.
+        WeightData::Packed(p) => upload_matrix(
+            dev,
+            &Matrix::new(m.rows, m.cols, WeightData::Quant(p.to_ggml())),
+        )?,
     })
 }
 
@@ -152,6 +157,7 @@ fn stacked(parts: &[&Matrix]) -> Option<Matrix> {
                 .concat();
             return Matrix::quantized(rows, cols, q0.ty, bytes).ok();
         }
+        WeightData::Packed(_) => return None,
     };
     Some(Matrix::new(rows, cols, data))
 }

@@ -168,6 +168,26 @@ impl Model {
         v
     }
 
+    /// Regroups the Q8_0/Q4_0/Q4_1 matrices into the packed layout of the CPU kernels
+    /// (`yomi_cpu::quant::packed`: same bytes, faster verify passes), unless `YOMI_QUANT_PACK=off`
+    /// (kept to measure against). Idempotent.
+    pub fn pack_for_cpu(&mut self) {
+        if std::env::var("YOMI_QUANT_PACK").is_ok_and(|v| v.trim() == "off") {
+            return;
+        }
+        for m in self.matrices_mut() {
+            m.pack();
+        }
+    }
+
+    /// Undoes [`Model::pack_for_cpu`]: GGML blocks row after row again (for an accelerator
+    /// upload, which reads the file layout).
+    pub fn unpack(&mut self) {
+        for m in self.matrices_mut() {
+            m.unpack();
+        }
+    }
+
     /// Drops the host copies of the weight matrices once an accelerator holds them, so a model
     /// on the GPU does not also keep its weights in RAM. The CPU path cannot run afterwards
     /// (`forward` says so); norms, RoPE tables and the config stay.
