@@ -243,3 +243,69 @@ extern "C" __global__ void add_rms_norm_f32(float* __restrict__ h, const float* 
     const float r = 1.0f / sqrtf(ss / (float)n + eps);
     for (int i = threadIdx.x; i < n; i += blockDim.x) xr[i] = hr[i] * r * w[i];
 }
+
+// ---------------------------------------------------------------------------------------------
+// Attention inputs, fused: for each row t and head, from the projections' outputs,
+//   q heads:  q = rope(q_norm(q_raw)),  gate = gate_raw (gated attention: per head [q | gate]);
+//   k heads:  cache_k[committed + t] = rope(k_norm(k_raw));  v heads: cache_v[committed + t] = v_raw
+// with q_norm/k_norm the RMS norm over the head (x · (mean(x²) + eps)^−½ · w; null weight: none)
+// and RoPE neox style on the first `rot` dims at angle pos[t] · inv_freq[i]. The same operations
+// in the same order as rms_norm_f32 (one value per thread, 256 threads), rope_neox_f32 and
+// kv_store_f32, which it replaces together with the column split of the fused projection and
+// split_q_gate: one launch instead of up to eight per attention layer.
+// Shapes: qsrc rows at stride sq (nh·hd values, nh·2hd when gated); ksrc, vsrc rows at strides
+// sk, sv (nkv·hd); q, gate [T, nh, hd]; caches [capacity, nkv·hd]; pos [T]; committed [1].
+// Grid (T, nh + 2·nkv), block 256; hd ≤ 256, rot even ≤ hd. K/V rows past capacity are dropped.
+extern "C" __global__ void __launch_bounds__(256)
+    attn_prep_f32(const float* __restrict__ qsrc, long long sq, const float* __restrict__ ksrc,
+                  long long sk, const float* __restrict__ vsrc, long long sv,
+                  float* __restrict__ q, float* __restrict__ gate, float* __restrict__ kc,
+                  float* __restrict__ vc, const float* __restrict__ qn_w,
+                  const float* __restrict__ kn_w, const int* __restrict__ pos,
+                  const float* __restrict__ inv_freq, const int* __restrict__ committed, int nh,
+                  int nkv, int hd, int rot, int gated, int capacity, float eps) {
+    grid_dep_begin();
+    __shared__ float red[33];
+    __shared__ float vals[256];
+    const int t = blockIdx.x, slot = blockIdx.y, i = threadIdx.x;
+    const long long stride = (long long)nkv * hd;
+    const long long row = (long long)committed[0] + t;
+    const float* src;
+    float* dst;
+    const float* nw;
+    if (slot < nh) {
+        src = qsrc + t * sq + (long long)slot * (gated ? 2 * hd : hd);
+        dst = q + ((long long)t * nh + slot) * hd;
+        nw = qn_w;
+        if (gated && i < hd) gate[((long long)t * nh + slot) * hd + i] = src[hd + i];
+    } else if (slot < nh + nkv) {
+        if (row >= capacity) return;
+        src = ksrc + t * sk + (long long)(slot - nh) * hd;
+        dst = kc + row * stride + (long long)(slot - nh) * hd;
+        nw = kn_w;
+    } else {
+        if (row >= capacity) return;
+        const int h = slot - nh - nkv;
+        if (i < hd) vc[row * stride + (long long)h * hd + i] = vsrc[t * sv + (long long)h * hd + i];
+        return;
+    }
+    const float x = i < hd ? src[i] : 0.0f;
+    float y = x;
+    if (nw) {
+        const float ss = block_sum(x * x, red);
+        const float r = 1.0f / sqrtf(ss / (float)hd + eps);
+        if (i < hd) y = x * r * nw[i];
+    }
+    if (i < hd) vals[i] = y;
+    __syncthreads();
+    const int half = rot >> 1;
+    if (i < half) {
+        float sn, cs;
+        sincosf((float)pos[t] * inv_freq[i], &sn, &cs);
+        const float a = vals[i], b = vals[half + i];
+        vals[i] = a * cs - b * sn;
+        vals[half + i] = b * cs + a * sn;
+    }
+    __syncthreads();
+    if (i < hd) dst[i] = vals[i];
+}

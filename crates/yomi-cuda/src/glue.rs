@@ -4,11 +4,26 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
+use crate::attention::AttnDims;
 use crate::device::CudaDevice;
 use crate::error::{Result, ensure};
 use crate::guard;
 use crate::kernels::Module;
 use crate::ops::{DeviceMatrix, WeightDtype, as_i32, dptr, dptr_mut, launch_err, rms_norm_block};
+
+/// The inputs of [`CudaDevice::attn_prep`]: q (with gates), k and v rows, each with its row
+/// stride in values (a fused projection's views share its full width), the optional per-head
+/// norm weights, positions [T], RoPE inverse frequencies and the committed length [1].
+pub struct AttnPrepSources<'a> {
+    pub q: (&'a dyn DevicePtr<f32>, usize),
+    pub k: (&'a dyn DevicePtr<f32>, usize),
+    pub v: (&'a dyn DevicePtr<f32>, usize),
+    pub q_norm: Option<&'a CudaSlice<f32>>,
+    pub k_norm: Option<&'a CudaSlice<f32>>,
+    pub pos: &'a dyn DevicePtr<i32>,
+    pub inv_freq: &'a CudaSlice<f32>,
+    pub committed: &'a dyn DevicePtr<i32>,
+}
 
 fn grid_1d(n: u64) -> LaunchConfig {
     LaunchConfig {
@@ -94,6 +109,130 @@ impl CudaDevice {
                 .map_err(launch_err("pack_bf16_tiles"))
         })?;
         Ok(dst)
+    }
+
+    /// The attention layer's inputs in one launch (`attn_prep_f32`): per row and head, q (RMS
+    /// normed by `q_norm` when given, then RoPE) into `q`, the gate rows into `gate` (gated
+    /// attention: the q source holds [q | gate] per head), and k (normed, RoPE) and v stored at
+    /// cache rows committed + t. Sources are row-strided views, so a fused projection's output
+    /// is read in place.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_prep(
+        &self,
+        t: usize,
+        dims: AttnDims,
+        rot: usize,
+        eps: f32,
+        src: &AttnPrepSources<'_>,
+        q: &mut (impl DevicePtrMut<f32> + ?Sized),
+        gate: Option<&mut (dyn DevicePtrMut<f32> + '_)>,
+        k_cache: &mut CudaSlice<f32>,
+        v_cache: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let AttnDims {
+            n_heads: nh,
+            n_kv: nkv,
+            head_dim: hd,
+        } = dims;
+        let gated = gate.is_some();
+        let qw = nh * hd * if gated { 2 } else { 1 };
+        let kvw = nkv * hd;
+        ensure!(
+            t > 0 && nh > 0 && nkv > 0 && (1..=256).contains(&hd),
+            "attn_prep: T = {t}, {nh}/{nkv} heads of {hd} (head_dim must be 1..=256)"
+        );
+        ensure!(
+            rot.is_multiple_of(2) && rot <= hd && src.inv_freq.len() >= rot / 2,
+            "attn_prep: rot = {rot} must be even, ≤ {hd}, with rot/2 inverse frequencies"
+        );
+        for (name, (v, stride), w) in [("q", src.q, qw), ("k", src.k, kvw), ("v", src.v, kvw)] {
+            ensure!(
+                stride >= w && v.len() >= (t - 1) * stride + w,
+                "attn_prep: {name} source has {} values, not {t} rows of {w} at stride {stride}",
+                v.len()
+            );
+        }
+        ensure!(
+            q.len() == t * nh * hd,
+            "attn_prep: q has {} values, not [T={t}, {nh}, {hd}]",
+            q.len()
+        );
+        if let Some(g) = &gate {
+            ensure!(g.len() == t * nh * hd, "attn_prep: gate is not [T, H, hd]");
+        }
+        ensure!(
+            k_cache.len() == v_cache.len() && k_cache.len().is_multiple_of(kvw),
+            "attn_prep: caches of {} and {} values are not [capacity, {kvw}]",
+            k_cache.len(),
+            v_cache.len()
+        );
+        for (name, w) in [("q_norm", src.q_norm), ("k_norm", src.k_norm)] {
+            if let Some(w) = w {
+                ensure!(
+                    w.len() == hd,
+                    "attn_prep: {name} has {} values, not {hd}",
+                    w.len()
+                );
+            }
+        }
+        ensure!(
+            src.pos.len() >= t && src.committed.len() >= 1,
+            "attn_prep: positions or committed length missing"
+        );
+        let f = self.func(Module::Glue, "attn_prep_f32")?;
+        let ints = [
+            as_i32(nh, "heads")?,
+            as_i32(nkv, "kv heads")?,
+            as_i32(hd, "head_dim")?,
+            as_i32(rot, "rot")?,
+            i32::from(gated),
+            as_i32(k_cache.len() / kvw, "capacity")?,
+        ];
+        let strides = [src.q.1 as i64, src.k.1 as i64, src.v.1 as i64];
+        let cfg = LaunchConfig {
+            grid_dim: (t as u32, (nh + 2 * nkv) as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let null: u64 = 0;
+        guard("attn_prep", || {
+            let st = self.stream();
+            let (qs, ks, vs) = (dptr(src.q.0, st), dptr(src.k.0, st), dptr(src.v.0, st));
+            let qp = dptr_mut(q, st);
+            let gp = gate.map_or(0, |g| dptr_mut(g, st));
+            let qn = src.q_norm.map_or(0, |w| dptr(w, st));
+            let kn = src.k_norm.map_or(0, |w| dptr(w, st));
+            let (pp, fp, cp) = (
+                dptr(src.pos, st),
+                dptr(src.inv_freq, st),
+                dptr(src.committed, st),
+            );
+            let mut b = self.launch(&f);
+            b.arg(&qs)
+                .arg(&strides[0])
+                .arg(&ks)
+                .arg(&strides[1])
+                .arg(&vs)
+                .arg(&strides[2])
+                .arg(&qp)
+                .arg(if gated { &gp } else { &null })
+                .arg(&mut *k_cache)
+                .arg(&mut *v_cache)
+                .arg(&qn)
+                .arg(&kn)
+                .arg(&pp)
+                .arg(&fp)
+                .arg(&cp);
+            for v in &ints {
+                b.arg(v);
+            }
+            b.arg(&eps);
+            // SAFETY: argument types match `attn_prep_f32`; every source holds T strided rows,
+            // q/gate hold [T, H, hd], and K/V rows past the cache are dropped by the kernel.
+            unsafe { b.launch(cfg) }
+                .map(|_| ())
+                .map_err(launch_err("attn_prep_f32"))
+        })
     }
 
     /// `y += x` element-wise.

@@ -104,6 +104,7 @@ impl Module {
                 "split_cols_f32",
                 "swiglu_pair_f32",
                 "add_rms_norm_f32",
+                "attn_prep_f32",
             ]
             .map(String::from)
             .to_vec(),

@@ -28,6 +28,7 @@ mod conv;
 mod device;
 mod error;
 mod glue;
+pub use glue::AttnPrepSources;
 pub mod kernels;
 mod launch;
 pub mod model;

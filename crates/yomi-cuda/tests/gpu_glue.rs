@@ -522,3 +522,157 @@ fn linear_batch_invariance() {
         println!("{line}");
     }
 }
+
+/// The fused attention-input kernel against the ops it replaces (column split, q/gate split,
+/// per-head RMS norms, two RoPEs, two K/V stores), run one after the other: bit-identical, at
+/// Qwen3.5-9B's attention shape (gated, q/k norms, partial RoPE) and SmolLM2's (plain), with a
+/// committed length that pushes the last rows past the cache (dropped by both).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn attn_prep_matches_the_unfused_ops() {
+    use yomi_cuda::AttnPrepSources;
+    use yomi_cuda::attention::AttnDims;
+    let d = dev();
+    let mut r = Rng::new(77);
+    // (heads, kv heads, head_dim, rot, gated, norms)
+    for (nh, nkv, hd, rot, gated, norms) in [
+        (16usize, 4usize, 256usize, 64usize, true, true),
+        (9, 3, 64, 64, false, false),
+    ] {
+        let dims = AttnDims {
+            n_heads: nh,
+            n_kv: nkv,
+            head_dim: hd,
+        };
+        let qw = nh * hd * if gated { 2 } else { 1 };
+        let kvw = nkv * hd;
+        let total = qw + 2 * kvw;
+        let capacity = 40usize;
+        let inv_freq: Vec<f32> = (0..rot / 2)
+            .map(|i| 1.0 / 1e7f32.powf(2.0 * i as f32 / rot as f32))
+            .collect();
+        let inv_freq = d.upload(&inv_freq).unwrap();
+        let qn_w = d.upload(&r.vec(hd, 1.0)).unwrap();
+        let kn_w = d.upload(&r.vec(hd, 1.0)).unwrap();
+        for (t, committed) in [(1usize, 0i32), (5, 17), (32, 30)] {
+            let src = d.upload(&r.vec(t * total, 2.0)).unwrap();
+            let pos: Vec<i32> = (0..t as i32).map(|i| 5000 + committed + i / 2).collect();
+            let pos = d.upload(&pos).unwrap();
+            let com = d.upload(&[committed]).unwrap();
+            // Unfused.
+            let mut qf = d.alloc_zeros::<f32>(t * qw).unwrap();
+            let mut kb = d.alloc_zeros::<f32>(t * kvw).unwrap();
+            let mut vb = d.alloc_zeros::<f32>(t * kvw).unwrap();
+            d.split_cols(
+                &src,
+                t,
+                &[0, qw, qw + kvw],
+                &mut [&mut qf, &mut kb, &mut vb],
+            )
+            .unwrap();
+            let mut q_old = poisoned(&d, t * nh * hd);
+            let mut g_old = poisoned(&d, t * nh * hd);
+            if gated {
+                d.split_q_gate(&qf, hd, &mut q_old, &mut g_old).unwrap();
+            } else {
+                d.copy(&qf, &mut q_old).unwrap();
+            }
+            if norms {
+                d.rms_norm_inplace(&mut q_old, &qn_w, 1e-6).unwrap();
+                d.rms_norm_inplace(&mut kb, &kn_w, 1e-6).unwrap();
+            }
+            d.rope_neox(&mut q_old, t, nh, hd, rot, &pos, &inv_freq)
+                .unwrap();
+            d.rope_neox(&mut kb, t, nkv, hd, rot, &pos, &inv_freq)
+                .unwrap();
+            let mut kc_old = poisoned(&d, capacity * kvw);
+            let mut vc_old = poisoned(&d, capacity * kvw);
+            d.kv_store(&kb, kvw, &com, &mut kc_old).unwrap();
+            d.kv_store(&vb, kvw, &com, &mut vc_old).unwrap();
+            // Fused, reading the fused projection's output in place.
+            let (qv, kv, vv) = (
+                src.slice(0..(t - 1) * total + qw),
+                src.slice(qw..qw + (t - 1) * total + kvw),
+                src.slice(qw + kvw..t * total),
+            );
+            let sources = AttnPrepSources {
+                q: (&qv, total),
+                k: (&kv, total),
+                v: (&vv, total),
+                q_norm: norms.then_some(&qn_w),
+                k_norm: norms.then_some(&kn_w),
+                pos: &pos,
+                inv_freq: &inv_freq,
+                committed: &com,
+            };
+            let mut q_new = poisoned(&d, t * nh * hd);
+            let mut g_new = poisoned(&d, t * nh * hd);
+            let mut kc_new = poisoned(&d, capacity * kvw);
+            let mut vc_new = poisoned(&d, capacity * kvw);
+            d.attn_prep(
+                t,
+                dims,
+                rot,
+                1e-6,
+                &sources,
+                &mut q_new,
+                if gated {
+                    Some(&mut g_new as &mut dyn cudarc::driver::DevicePtrMut<f32>)
+                } else {
+                    None
+                },
+                &mut kc_new,
+                &mut vc_new,
+            )
+            .unwrap();
+            let bits = |v: &cudarc::driver::CudaSlice<f32>| -> Vec<u32> {
+                d.download(v).unwrap().iter().map(|x| x.to_bits()).collect()
+            };
+            assert!(bits(&q_new) == bits(&q_old), "q differs ({nh}x{hd}, T={t})");
+            if gated {
+                assert!(
+                    bits(&g_new) == bits(&g_old),
+                    "gate differs ({nh}x{hd}, T={t})"
+                );
+            }
+            assert!(
+                bits(&kc_new) == bits(&kc_old),
+                "K cache differs ({nh}x{hd}, T={t})"
+            );
+            assert!(
+                bits(&vc_new) == bits(&vc_old),
+                "V cache differs ({nh}x{hd}, T={t})"
+            );
+            println!(
+                "RESULT glue attn_prep {nh}/{nkv}x{hd} rot {rot} gated {gated} norms {norms} T={t} committed {committed}: bit-identical to the unfused ops"
+            );
+        }
+    }
+    // Bad shapes are errors.
+    let z = d.alloc_zeros::<f32>(8).unwrap();
+    let zi = d.alloc_zeros::<i32>(1).unwrap();
+    let bad = AttnPrepSources {
+        q: (&z, 8),
+        k: (&z, 8),
+        v: (&z, 8),
+        q_norm: None,
+        k_norm: None,
+        pos: &zi,
+        inv_freq: &z,
+        committed: &zi,
+    };
+    let dims = AttnDims {
+        n_heads: 1,
+        n_kv: 1,
+        head_dim: 512,
+    };
+    let (mut a, mut b, mut c) = (
+        d.alloc_zeros::<f32>(512).unwrap(),
+        d.alloc_zeros::<f32>(512).unwrap(),
+        d.alloc_zeros::<f32>(512).unwrap(),
+    );
+    assert!(
+        d.attn_prep(1, dims, 2, 1e-6, &bad, &mut a, None, &mut b, &mut c)
+            .is_err()
+    );
+}

@@ -310,7 +310,11 @@ fn undo_gdn_cols(m: Matrix, h: &GdnHeads, g: &str) -> Result<Matrix> {
             }
         },
         // Sources hand out GGML blocks; packing happens after loading.
-        WeightData::Packed(_) => unreachable!("a GGUF source never yields packed weights"),
+        WeightData::Packed(_) => {
+            return Err(anyhow!(
+                "GGUF tensor `{g}`: already in the packed CPU layout (internal error)"
+            ));
+        }
     };
     Ok(Matrix::new(rows, cols, data))
 }

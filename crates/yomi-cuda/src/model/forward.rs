@@ -17,6 +17,7 @@ use yomi_models::LogitRows;
 use super::CudaModel;
 use super::state::{CudaState, DevLayerState, MAX_ROWS};
 use super::weights::{DevAttn, DevGdn, DevMixer, Proj};
+use crate::AttnPrepSources;
 use crate::CudaDevice;
 use crate::attention::AttnDims;
 use crate::ops::GdnDeviceRows;
@@ -415,73 +416,79 @@ impl CudaModel {
         let h_sz = cfg.hidden_size;
         let qn = n * nh * hd;
         let qf_len = if cfg.attn_output_gate { 2 * qn } else { qn };
-        // The pending rows' K/V are made in scratch, then stored after the committed rows by a
-        // kernel that reads the committed length on the device (so a graph replays correctly).
-        let stride = nkv * hd;
-        let kv_rows = 0..n * stride;
-        project(
-            dev,
-            &w.qkv,
-            &b.x.slice(0..n * h_sz),
-            n,
-            &mut b.proj,
-            &mut [
-                &mut b.qf.slice_mut(0..qf_len),
-                &mut b.kb.slice_mut(kv_rows.clone()),
-                &mut b.vb.slice_mut(kv_rows.clone()),
-            ],
-        )?;
-        // q: its own buffer when gated (split from qf), else qf itself.
-        let gated = cfg.attn_output_gate;
-        if gated {
-            dev.split_q_gate(
-                &b.qf.slice(0..2 * qn),
-                hd,
-                &mut b.q.slice_mut(0..qn),
-                &mut b.gate.slice_mut(0..qn),
-            )?;
-        }
-        let qbuf = if gated { &mut b.q } else { &mut b.qf };
-        if let Some(qn_w) = &w.q_norm {
-            dev.rms_norm_inplace(&mut qbuf.slice_mut(0..qn), qn_w, cfg.rms_norm_eps)?;
-        }
-        if let Some(kn_w) = &w.k_norm {
-            dev.rms_norm_inplace(&mut b.kb.slice_mut(kv_rows.clone()), kn_w, cfg.rms_norm_eps)?;
-        }
-        let rot = cfg.rotary_dim;
-        let pos = b.pos.slice(0..n);
-        dev.rope_neox(
-            &mut qbuf.slice_mut(0..qn),
-            n,
-            nh,
-            hd,
-            rot,
-            &pos,
-            &self.w.inv_freq,
-        )?;
-        dev.rope_neox(
-            &mut b.kb.slice_mut(kv_rows.clone()),
-            n,
-            nkv,
-            hd,
-            rot,
-            &pos,
-            &self.w.inv_freq,
-        )?;
-        dev.kv_store(&b.kb.slice(kv_rows.clone()), stride, &b.committed, kc)?;
-        dev.kv_store(&b.vb.slice(kv_rows), stride, &b.committed, vc)?;
-        let scratch = b
-            .attn
-            .as_mut()
-            .ok_or_else(|| anyhow::anyhow!("attention scratch missing"))?;
+        // The pending rows' K/V go straight to the cache rows after the committed ones; the
+        // kernel reads the committed length on the device (so a graph replays correctly).
+        let kvw = nkv * hd;
         let dims = AttnDims {
             n_heads: nh,
             n_kv: nkv,
             head_dim: hd,
         };
-        let qsrc = if gated { &b.q } else { &b.qf };
+        let gated = cfg.attn_output_gate;
+        let x = b.x.slice(0..n * h_sz);
+        // The projections: a fused one is read in place by attn_prep (row stride = its width);
+        // split ones write qf, kb, vb.
+        let (proj_total, split) = match &w.qkv {
+            Proj::Fused { w: m, bias, .. } => {
+                let total = m.rows;
+                dev.linear(&x, n, m, bias.as_ref(), &mut b.proj.slice_mut(0..n * total))?;
+                (total, false)
+            }
+            Proj::Split(parts) => {
+                let [(qm, qb), (km, kb_), (vm, vb_)] = &parts[..] else {
+                    bail!("attention: {} projections, not q, k, v", parts.len());
+                };
+                dev.linear(&x, n, qm, qb.as_ref(), &mut b.qf.slice_mut(0..qf_len))?;
+                dev.linear(&x, n, km, kb_.as_ref(), &mut b.kb.slice_mut(0..n * kvw))?;
+                dev.linear(&x, n, vm, vb_.as_ref(), &mut b.vb.slice_mut(0..n * kvw))?;
+                (0, true)
+            }
+        };
+        let qw = qf_len / n;
+        // Rows of a source: n rows at `stride`, the last one only `width` long.
+        let span = |off: usize, stride: usize, width: usize| off..off + (n - 1) * stride + width;
+        let (qv, kv, vv);
+        let srcs = if split {
+            qv = b.qf.slice(span(0, qw, qw));
+            kv = b.kb.slice(span(0, kvw, kvw));
+            vv = b.vb.slice(span(0, kvw, kvw));
+            (qw, kvw, kvw)
+        } else {
+            qv = b.proj.slice(span(0, proj_total, qw));
+            kv = b.proj.slice(span(qw, proj_total, kvw));
+            vv = b.proj.slice(span(qw + kvw, proj_total, kvw));
+            (proj_total, proj_total, proj_total)
+        };
+        let pos = b.pos.slice(0..n);
+        let sources = AttnPrepSources {
+            q: (&qv, srcs.0),
+            k: (&kv, srcs.1),
+            v: (&vv, srcs.2),
+            q_norm: w.q_norm.as_ref(),
+            k_norm: w.k_norm.as_ref(),
+            pos: &pos,
+            inv_freq: &self.w.inv_freq,
+            committed: &b.committed,
+        };
+        // q (normed, rotated) always goes to its own buffer `q`; the gate rows to `gate`.
+        let mut gate_out = b.gate.slice_mut(0..if gated { qn } else { 0 });
+        dev.attn_prep(
+            n,
+            dims,
+            cfg.rotary_dim,
+            cfg.rms_norm_eps,
+            &sources,
+            &mut b.q.slice_mut(0..qn),
+            gated.then_some(&mut gate_out as &mut dyn cudarc::driver::DevicePtrMut<f32>),
+            kc,
+            vc,
+        )?;
+        let scratch = b
+            .attn
+            .as_mut()
+            .ok_or_else(|| anyhow::anyhow!("attention scratch missing"))?;
         dev.attention_tree(
-            &qsrc.slice(0..qn),
+            &b.q.slice(0..qn),
             kc,
             vc,
             &b.committed,
