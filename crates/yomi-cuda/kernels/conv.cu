@@ -10,7 +10,8 @@
 // which commit copies into the state for the last accepted row. The sum is accumulated d = 0, 1, …
 // with separately rounded products and adds (no FMA), as on the CPU, so only expf differs.
 //
-// Shapes: m [T, C] (this pass's pre-conv inputs); state [K−1, C] (committed, read only);
+// Shapes: m [T, C] at row stride m_stride ≥ C (this pass's pre-conv inputs, e.g. read in place
+// from a fused projection's output); state [K−1, C] (committed, read only);
 // w [C, K]; parents [T] i32 (−1 for the root, parent < row); out [T, C]; windows [T, K−1, C].
 // 1 ≤ K ≤ 8. Grid (ceil(C/256), T), block 256: one thread per (row, channel); neighbouring threads
 // read neighbouring channels, so every load and store is coalesced.
@@ -24,7 +25,7 @@ extern "C" __global__ void conv1d_tree_f32(const float* __restrict__ m,
                                            const float* __restrict__ w,
                                            const int* __restrict__ parents,
                                            float* __restrict__ out, float* __restrict__ windows,
-                                           int c_dim, int k) {
+                                           int c_dim, int k, long long m_stride) {
     grid_dep_begin();
     const int ch = blockIdx.x * blockDim.x + threadIdx.x;
     const int i = blockIdx.y;
@@ -36,7 +37,7 @@ extern "C" __global__ void conv1d_tree_f32(const float* __restrict__ m,
     for (int d = 0; d < CONV_MAXK; ++d) {
         if (d >= k) break;
         if (j >= 0) {
-            src[d] = m[(size_t)j * C + ch];
+            src[d] = m[(size_t)j * (size_t)m_stride + ch];
             const int p = parents[j];
             j = (p < j && p >= -1) ? p : -1;
         } else {

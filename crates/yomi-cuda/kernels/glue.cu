@@ -124,32 +124,37 @@ extern "C" __global__ void gdn_split_qkv_f32(const float* __restrict__ mc, float
 
 // Decay and write strength per (row, value head), n = T·Hv values:
 //   beta = sigmoid(b_raw),  g = neg_exp_a[h] · softplus(a_raw + dt_bias[h])
-// with torch's softplus (linear above 20). One thread per value.
+// with torch's softplus (linear above 20). One thread per value. b_raw, a_raw [T, Hv] at row
+// stride ab_stride (Hv when packed, the fused projection's width when read in place).
 extern "C" __global__ void gdn_gate_beta_f32(const float* __restrict__ braw,
                                              const float* __restrict__ araw,
                                              const float* __restrict__ neg_exp_a,
                                              const float* __restrict__ dt_bias,
                                              float* __restrict__ g, float* __restrict__ beta,
-                                             int n, int hv) {
+                                             int n, int hv, long long ab_stride) {
     grid_dep_begin();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const int h = i % hv;
-    beta[i] = 1.0f / (1.0f + expf(-braw[i]));
-    const float x = araw[i] + dt_bias[h];
+    const long long src = (long long)(i / hv) * ab_stride + h;
+    beta[i] = 1.0f / (1.0f + expf(-braw[src]));
+    const float x = araw[src] + dt_bias[h];
     const float sp = x > 20.0f ? x : log1pf(expf(x));
     g[i] = neg_exp_a[h] * sp;
 }
 
 // Gated RMSNorm of the GDN output, per head of n values (rows = T·Hv):
 //   o[r, :] = o[r, :] / sqrt(mean(o[r, :]²) + eps) · w · silu(z[r, :])
-// Grid (rows), any block size that is a multiple of 32.
+// Grid (rows), any block size that is a multiple of 32. z [T, heads·n] at row stride z_stride
+// (heads·n when packed, the fused projection's width when read in place).
 extern "C" __global__ void rms_norm_gated_f32(float* __restrict__ o, const float* __restrict__ z,
-                                              const float* __restrict__ w, int n, float eps) {
+                                              const float* __restrict__ w, int n, float eps,
+                                              int heads, long long z_stride) {
     grid_dep_begin();
     __shared__ float red[33];
     float* orow = o + (size_t)blockIdx.x * n;
-    const float* zrow = z + (size_t)blockIdx.x * n;
+    const float* zrow =
+        z + (size_t)(blockIdx.x / heads) * (size_t)z_stride + (size_t)(blockIdx.x % heads) * n;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += orow[i] * orow[i];
     ss = block_sum(ss, red);

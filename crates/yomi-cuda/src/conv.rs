@@ -24,7 +24,13 @@ pub(crate) struct ConvLens {
 }
 
 /// Every host-side check of [`CudaDevice::conv1d_tree`].
-pub(crate) fn check_conv(lens: ConvLens, t: usize, c: usize, k: usize) -> Result<()> {
+pub(crate) fn check_conv(
+    lens: ConvLens,
+    t: usize,
+    c: usize,
+    k: usize,
+    m_stride: usize,
+) -> Result<()> {
     ensure!(
         (1..=CONV_MAX_K).contains(&k),
         "conv1d: K = {k}; the kernel takes 1..={CONV_MAX_K}"
@@ -37,8 +43,8 @@ pub(crate) fn check_conv(lens: ConvLens, t: usize, c: usize, k: usize) -> Result
     );
     as_i32(t * k.max(2) * c, "conv values")?;
     ensure!(
-        lens.m == t * c,
-        "conv1d: m has {} values, not [T={t}, C={c}]",
+        m_stride >= c && t > 0 && lens.m == (t - 1) * m_stride + c,
+        "conv1d: m has {} values, not T={t} rows of C={c} at stride {m_stride}",
         lens.m
     );
     ensure!(
@@ -90,6 +96,25 @@ impl CudaDevice {
         out: &mut impl DevicePtrMut<f32>,
         windows: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
+        self.conv1d_tree_strided(m, c, c, k, state, w, parents, t, out, windows)
+    }
+
+    /// [`CudaDevice::conv1d_tree`] with m's rows `m_stride` values apart (m holds
+    /// (T − 1)·m_stride + C values), so a fused projection's output is read in place.
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv1d_tree_strided(
+        &self,
+        m: &impl DevicePtr<f32>,
+        c: usize,
+        m_stride: usize,
+        k: usize,
+        state: &impl DevicePtr<f32>,
+        w: &CudaSlice<f32>,
+        parents: &impl DevicePtr<i32>,
+        t: usize,
+        out: &mut impl DevicePtrMut<f32>,
+        windows: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
         let lens = ConvLens {
             m: m.len(),
             state: state.len(),
@@ -98,9 +123,9 @@ impl CudaDevice {
             out: out.len(),
             windows: windows.len(),
         };
-        check_conv(lens, t, c, k)?;
+        check_conv(lens, t, c, k, m_stride)?;
         let f = self.func(Module::Conv, "conv1d_tree_f32")?;
-        let (c_i, k_i) = (as_i32(c, "C")?, k as i32);
+        let (c_i, k_i, ms) = (as_i32(c, "C")?, k as i32, m_stride as i64);
         let cfg = LaunchConfig {
             grid_dim: (c.div_ceil(256) as u32, t as u32, 1),
             block_dim: (256, 1, 1),
@@ -118,7 +143,8 @@ impl CudaDevice {
                 .arg(&op)
                 .arg(&wp)
                 .arg(&c_i)
-                .arg(&k_i);
+                .arg(&k_i)
+                .arg(&ms);
             // SAFETY: argument types match `conv1d_tree_f32`; lengths checked above.
             unsafe { b.launch(cfg) }
                 .map(|_| ())
@@ -145,12 +171,19 @@ mod tests {
 
     #[test]
     fn good_arguments_pass_and_bad_ones_are_clear_errors() {
-        check_conv(lens(32, 8192, 4), 32, 8192, 4).unwrap();
-        check_conv(lens(1, 64, 1), 1, 64, 1).unwrap();
-        check_conv(lens(7, 64, 8), 7, 64, 8).unwrap();
+        check_conv(lens(32, 8192, 4), 32, 8192, 4, 8192).unwrap();
+        check_conv(lens(1, 64, 1), 1, 64, 1, 64).unwrap();
+        check_conv(lens(7, 64, 8), 7, 64, 8, 64).unwrap();
+        // Rows of m read in place from a wider buffer: (T − 1)·stride + C values.
+        let strided = ConvLens {
+            m: 6 * 100 + 64,
+            ..lens(7, 64, 4)
+        };
+        check_conv(strided, 7, 64, 4, 100).unwrap();
+        assert!(check_conv(strided, 7, 64, 4, 64).is_err());
         let ok = lens(7, 64, 4);
         let err = |l: ConvLens, t: usize, c: usize, k: usize| {
-            let e = check_conv(l, t, c, k).unwrap_err();
+            let e = check_conv(l, t, c, k, c).unwrap_err();
             assert!(matches!(e, CudaError::Invalid(_)), "{e:?}");
             e.to_string()
         };

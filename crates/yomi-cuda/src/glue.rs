@@ -399,25 +399,44 @@ impl CudaDevice {
         g: &mut impl DevicePtrMut<f32>,
         beta: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
+        self.gdn_gate_beta_strided(braw, araw, neg_exp_a.len(), neg_exp_a, dt_bias, g, beta)
+    }
+
+    /// [`CudaDevice::gdn_gate_beta`] with the rows of b_raw and a_raw `stride` values apart
+    /// (each holds (T − 1)·stride + Hv values), so a fused projection's output is read in place.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gdn_gate_beta_strided(
+        &self,
+        braw: &impl DevicePtr<f32>,
+        araw: &impl DevicePtr<f32>,
+        stride: usize,
+        neg_exp_a: &CudaSlice<f32>,
+        dt_bias: &CudaSlice<f32>,
+        g: &mut impl DevicePtrMut<f32>,
+        beta: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
         let hv = neg_exp_a.len();
-        let n = braw.len();
+        let n = g.len();
+        let t = n / hv.max(1);
+        let src_len = if t == 0 { 0 } else { (t - 1) * stride + hv };
         ensure!(
             hv > 0
+                && stride >= hv
                 && dt_bias.len() == hv
                 && n % hv == 0
-                && araw.len() == n
-                && g.len() == n
+                && braw.len() == src_len
+                && araw.len() == src_len
                 && beta.len() == n,
-            "gdn_gate_beta: braw {n}, araw {}, g {}, beta {} values for Hv = {hv}",
+            "gdn_gate_beta: braw {}, araw {}, g {n}, beta {} values for Hv = {hv}, stride {stride}",
+            braw.len(),
             araw.len(),
-            g.len(),
             beta.len()
         );
         if n == 0 {
             return Ok(());
         }
         let f = self.func(Module::Glue, "gdn_gate_beta_f32")?;
-        let (n_i, hv_i) = (as_i32(n, "n")?, as_i32(hv, "hv")?);
+        let (n_i, hv_i, s_i) = (as_i32(n, "n")?, as_i32(hv, "hv")?, stride as i64);
         guard("gdn_gate_beta", || {
             let st = self.stream();
             let (bp, ap, gp, betap) = (
@@ -434,7 +453,8 @@ impl CudaDevice {
                 .arg(&gp)
                 .arg(&betap)
                 .arg(&n_i)
-                .arg(&hv_i);
+                .arg(&hv_i)
+                .arg(&s_i);
             // SAFETY: argument types match `gdn_gate_beta_f32`; lengths checked.
             unsafe { b.launch(grid_1d(n as u64)) }
                 .map(|_| ())
@@ -451,19 +471,47 @@ impl CudaDevice {
         w: &CudaSlice<f32>,
         eps: f32,
     ) -> Result<()> {
-        let n = w.len();
         ensure!(
-            n > 0 && o.len() % n == 0 && z.len() == o.len(),
-            "rms_norm_gated: o {} values, z {}, head size {n}",
+            z.len() == o.len(),
+            "rms_norm_gated: o {} values, z {}",
             o.len(),
             z.len()
         );
+        // Packed z: each head is a row of its own.
+        self.rms_norm_gated_strided(o, z, 1, w.len(), w, eps)
+    }
+
+    /// [`CudaDevice::rms_norm_gated`] with z's rows (T of them, `heads` heads of n values each)
+    /// `z_stride` values apart ((T − 1)·z_stride + heads·n values), so a fused projection's
+    /// output is read in place; o is [T·heads, n].
+    pub fn rms_norm_gated_strided(
+        &self,
+        o: &mut impl DevicePtrMut<f32>,
+        z: &impl DevicePtr<f32>,
+        heads: usize,
+        z_stride: usize,
+        w: &CudaSlice<f32>,
+        eps: f32,
+    ) -> Result<()> {
+        let n = w.len();
+        ensure!(
+            n > 0 && heads > 0 && o.len().is_multiple_of(n * heads) && z_stride >= heads * n,
+            "rms_norm_gated: o {} values, head size {n}, {heads} heads per row, z stride {z_stride}",
+            o.len()
+        );
         let rows = o.len() / n;
+        let t = rows / heads;
+        ensure!(
+            t == 0 || z.len() == (t - 1) * z_stride + heads * n,
+            "rms_norm_gated: z has {} values, not {t} rows of {} at stride {z_stride}",
+            z.len(),
+            heads * n
+        );
         if rows == 0 {
             return Ok(());
         }
         let f = self.func(Module::Glue, "rms_norm_gated_f32")?;
-        let n_i = as_i32(n, "n")?;
+        let (n_i, h_i, zs) = (as_i32(n, "n")?, as_i32(heads, "heads")?, z_stride as i64);
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
             block_dim: (128, 1, 1),
@@ -473,7 +521,13 @@ impl CudaDevice {
             let st = self.stream();
             let (op, zp) = (dptr_mut(o, st), dptr(z, st));
             let mut b = self.launch(&f);
-            b.arg(&op).arg(&zp).arg(w).arg(&n_i).arg(&eps);
+            b.arg(&op)
+                .arg(&zp)
+                .arg(w)
+                .arg(&n_i)
+                .arg(&eps)
+                .arg(&h_i)
+                .arg(&zs);
             // SAFETY: argument types match `rms_norm_gated_f32`; lengths checked.
             unsafe { b.launch(cfg) }
                 .map(|_| ())

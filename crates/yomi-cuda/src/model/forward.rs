@@ -18,10 +18,8 @@ use super::CudaModel;
 use super::state::{CudaState, DevLayerState, MAX_ROWS};
 use super::weights::{DevAttn, DevGdn, DevMixer, Proj};
 use crate::AttnPrepSources;
-use crate::CudaDevice;
 use crate::attention::AttnDims;
 use crate::ops::GdnDeviceRows;
-use cudarc::driver::{DevicePtr, DevicePtrMut};
 use yomi_core::GdnShape;
 
 /// The GDN q/k l2-norm epsilon (inside the root), as on the CPU.
@@ -38,56 +36,6 @@ struct Sub {
     n: usize,
     /// The pass is a chain.
     chain: bool,
-}
-
-/// Runs the projections `p` of x [n, in] into `dests` (one per piece, [n, rows of the piece]):
-/// one GEMV into `scratch` and a column split when fused, else one GEMV per piece.
-fn project(
-    dev: &CudaDevice,
-    p: &Proj,
-    x: &impl DevicePtr<f32>,
-    n: usize,
-    scratch: &mut CudaSlice<f32>,
-    dests: &mut [&mut dyn DevicePtrMut<f32>],
-) -> Result<()> {
-    match p {
-        Proj::Fused { w, bias, widths } => {
-            if widths.len() != dests.len() {
-                bail!(
-                    "{} projection outputs for {} pieces",
-                    dests.len(),
-                    widths.len()
-                );
-            }
-            let total = w.rows;
-            dev.linear(x, n, w, bias.as_ref(), &mut scratch.slice_mut(0..n * total))?;
-            // Column offsets of the pieces, on the stack (this runs for every layer of every
-            // eager pass).
-            let mut offsets = [0usize; 4];
-            for p in 1..widths.len().min(4) {
-                offsets[p] = offsets[p - 1] + widths[p - 1];
-            }
-            dev.split_cols(
-                &scratch.slice(0..n * total),
-                n,
-                &offsets[..widths.len().min(4)],
-                dests,
-            )?;
-        }
-        Proj::Split(parts) => {
-            if parts.len() != dests.len() {
-                bail!(
-                    "{} projection outputs for {} pieces",
-                    dests.len(),
-                    parts.len()
-                );
-            }
-            for ((m, bias), d) in parts.iter().zip(dests.iter_mut()) {
-                dev.linear(x, n, m, bias.as_ref(), &mut **d)?;
-            }
-        }
-    }
-    Ok(())
 }
 
 fn which_code(w: LogitRows) -> u8 {
@@ -552,27 +500,67 @@ impl CudaModel {
         );
         let (c, kd, vd) = (g.conv_dim(), g.key_dim(), g.value_dim());
         let wl = (kc - 1) * c;
-        project(
-            dev,
-            &w.in_proj,
-            &b.x.slice(0..n * h_sz),
-            n,
-            &mut b.proj,
-            &mut [
-                &mut b.gdn_m.slice_mut(0..n * c),
-                &mut b.gdn_z.slice_mut(0..n * vd),
-                &mut b.braw.slice_mut(0..n * hv),
-                &mut b.araw.slice_mut(0..n * hv),
-            ],
-        )?;
+        // The in-projection: a fused one is read in place by the next kernels (rows `stride`
+        // values apart); split ones write gdn_m, gdn_z, braw and araw.
+        let x = b.x.slice(0..n * h_sz);
+        let fused = match &w.in_proj {
+            Proj::Fused { w: m, bias, widths } => {
+                if widths[..] != [c, vd, hv, hv] {
+                    bail!("GDN in-projection pieces {widths:?}, not [{c}, {vd}, {hv}, {hv}]");
+                }
+                dev.linear(
+                    &x,
+                    n,
+                    m,
+                    bias.as_ref(),
+                    &mut b.proj.slice_mut(0..n * m.rows),
+                )?;
+                Some(m.rows)
+            }
+            Proj::Split(parts) => {
+                let [(mm, mb), (zm, zb), (bm, bb_), (am, ab)] = &parts[..] else {
+                    bail!("GDN: {} in-projections, not qkv, z, b, a", parts.len());
+                };
+                dev.linear(&x, n, mm, mb.as_ref(), &mut b.gdn_m.slice_mut(0..n * c))?;
+                dev.linear(&x, n, zm, zb.as_ref(), &mut b.gdn_z.slice_mut(0..n * vd))?;
+                dev.linear(&x, n, bm, bb_.as_ref(), &mut b.braw.slice_mut(0..n * hv))?;
+                dev.linear(&x, n, am, ab.as_ref(), &mut b.araw.slice_mut(0..n * hv))?;
+                None
+            }
+        };
+        // (view, row stride) of each piece: n rows, the last one only the piece's width long.
+        let (mv, zv, bv, av, ms, zs, abs) = match fused {
+            Some(st) => {
+                let span = |off: usize, width: usize| off..off + (n - 1) * st + width;
+                (
+                    b.proj.slice(span(0, c)),
+                    b.proj.slice(span(c, vd)),
+                    b.proj.slice(span(c + vd, hv)),
+                    b.proj.slice(span(c + vd + hv, hv)),
+                    st,
+                    st,
+                    st,
+                )
+            }
+            None => (
+                b.gdn_m.slice(0..n * c),
+                b.gdn_z.slice(0..n * vd),
+                b.braw.slice(0..n * hv),
+                b.araw.slice(0..n * hv),
+                c,
+                vd,
+                hv,
+            ),
+        };
         // A later sub-pass of a chain starts from the previous sub-pass's last conv window.
         if sub.off > 0 {
             dev.copy(&pwin.slice((MAX_ROWS - 1) * wl..MAX_ROWS * wl), carry)?;
         }
         let conv_state: &CudaSlice<f32> = if sub.off > 0 { carry } else { conv };
-        dev.conv1d_tree(
-            &b.gdn_m.slice(0..n * c),
+        dev.conv1d_tree_strided(
+            &mv,
             c,
+            ms,
             kc,
             conv_state,
             &w.conv,
@@ -593,9 +581,10 @@ impl CudaModel {
             &mut pk.slice_mut(0..n * kd),
             &mut pv.slice_mut(0..n * vd),
         )?;
-        dev.gdn_gate_beta(
-            &b.braw.slice(0..n * hv),
-            &b.araw.slice(0..n * hv),
+        dev.gdn_gate_beta_strided(
+            &bv,
+            &av,
+            abs,
             &w.neg_exp_a,
             &w.dt_bias,
             &mut pg.slice_mut(0..n * hv),
@@ -627,9 +616,11 @@ impl CudaModel {
             dev.gdn_tree_verify(shape, n, &rows, &parents, fin, &mut o, Some(spare))?;
             dev.copy(spare, fin)?;
         }
-        dev.rms_norm_gated(
+        dev.rms_norm_gated_strided(
             &mut b.gdn_o.slice_mut(0..n * vd),
-            &b.gdn_z.slice(0..n * vd),
+            &zv,
+            hv,
+            zs,
             &w.norm,
             cfg.rms_norm_eps,
         )?;
