@@ -31,7 +31,9 @@
 //
 // Kernel 2, attn_combine_f32: grid (T·H), block hd threads:
 //   M = max_s m_s,  out[d] = Σ_s e^{m_s−M} acc_s[d] / Σ_s e^{m_s−M} l_s
-// (0 if no split saw a key, which a valid tree cannot produce: a row always sees itself).
+// (0 if no split saw a key, which a valid tree cannot produce: a row always sees itself), then,
+// when `gate` [T, H, hd] is not null (gated attention), out[d] · sigmoid(gate[d]) exactly as
+// sigmoid_mul_f32 in glue.cu computes it.
 
 #define ATT_KB 16      // keys per batch (the butterfly below is written for 16)
 #define ATT_QPW 4      // queries per warp
@@ -286,7 +288,8 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)
 // Kernel 2 (see the header): one block of hd threads per (row, head).
 extern "C" __global__ void attn_combine_f32(const float* __restrict__ part_acc,
                                             const float* __restrict__ part_ml,
-                                            float* __restrict__ out, int splits, int hd) {
+                                            float* __restrict__ out, int splits, int hd,
+                                            const float* __restrict__ gate) {
     grid_dep_begin();
     const size_t rh = blockIdx.x;
     const int d = threadIdx.x;
@@ -303,5 +306,7 @@ extern "C" __global__ void attn_combine_f32(const float* __restrict__ part_acc,
             num = fmaf(f, pa[(size_t)s * hd], num);
         }
     }
-    out[rh * hd + d] = den > 0.0f ? num / den : 0.0f;
+    float r = den > 0.0f ? num / den : 0.0f;
+    if (gate) r *= 1.0f / (1.0f + expf(-gate[rh * hd + d]));
+    out[rh * hd + d] = r;
 }

@@ -342,6 +342,40 @@ impl CudaDevice {
         scratch: &mut AttnScratch,
         out: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
+        self.attention_tree_gated(
+            q, k_cache, v_cache, committed, t, anc, words, dims, scale, capacity, scratch, None,
+            out,
+        )
+    }
+
+    /// [`CudaDevice::attention_tree`] with the output gate of gated attention applied in the
+    /// combine: out · sigmoid(gate), gate [T, n_heads, head_dim] (what `sigmoid_mul` did as a
+    /// launch of its own, bit for bit).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_tree_gated(
+        &self,
+        q: &impl DevicePtr<f32>,
+        k_cache: &CudaSlice<f32>,
+        v_cache: &CudaSlice<f32>,
+        committed: &impl DevicePtr<i32>,
+        t: usize,
+        anc: &impl DevicePtr<u64>,
+        words: usize,
+        dims: AttnDims,
+        scale: f32,
+        capacity: usize,
+        scratch: &mut AttnScratch,
+        gate: Option<&dyn DevicePtr<f32>>,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        if let Some(g) = gate {
+            ensure!(
+                g.len() == out.len(),
+                "attention: gate has {} values, out {}",
+                g.len(),
+                out.len()
+            );
+        }
         let lens = AttnLens {
             q: q.len(),
             k_cache: k_cache.len(),
@@ -402,12 +436,14 @@ impl CudaDevice {
             unsafe { b.launch(cfg_p) }
                 .map(|_| ())
                 .map_err(launch_err(&pname))?;
+            let gp = gate.map_or(0, |g| dptr(g, st));
             let mut b = self.launch(&fc);
             b.arg(&scratch.acc)
                 .arg(&scratch.ml)
                 .arg(&op)
                 .arg(&splits_i)
-                .arg(&hd_i);
+                .arg(&hd_i)
+                .arg(&gp);
             // SAFETY: argument types match `attn_combine_f32`; out is [T, H, hd].
             unsafe { b.launch(cfg_c) }
                 .map(|_| ())

@@ -435,7 +435,8 @@ impl CudaModel {
             .attn
             .as_mut()
             .ok_or_else(|| anyhow::anyhow!("attention scratch missing"))?;
-        dev.attention_tree(
+        let gate_view = b.gate.slice(0..qn);
+        dev.attention_tree_gated(
             &b.q.slice(0..qn),
             kc,
             vc,
@@ -447,11 +448,9 @@ impl CudaModel {
             1.0 / (hd as f32).sqrt(),
             capacity,
             scratch,
+            gated.then_some(&gate_view as &dyn cudarc::driver::DevicePtr<f32>),
             &mut b.o.slice_mut(0..qn),
         )?;
-        if gated {
-            dev.sigmoid_mul(&mut b.o.slice_mut(0..qn), &b.gate.slice(0..qn))?;
-        }
         dev.linear(
             &b.o.slice(0..qn),
             n,
