@@ -148,6 +148,10 @@ impl CudaModel {
             &mut st.top_words,
         )?;
         unpack_top(&st.top_words, top);
+        // The ids become tokens: a kernel fault must not turn into an out-of-vocabulary token.
+        if let Some(&(_, id)) = top.cands.iter().find(|c| c.1 as usize >= v) {
+            bail!("the device ranked token id {id}, outside the vocabulary of {v}");
+        }
         st.logit_rows = rows;
         Ok(())
     }
