@@ -22,7 +22,8 @@
 // CHUNK of a row and keeps its best K), topk_merge (grid R: merges the B·K partial candidates in
 // CHUNK-sized tiles, writes top and its ids), topk_sumexp_partial (grid SUMEXP_BLOCKS×R) and
 // topk_sumexp_final (grid R): fixed-order reductions. Everything is deterministic: the K best
-// under a total order on (value, id) are unique, and every sum has a fixed order.
+// under a total order on (value, id) are unique, and every sum has a fixed order. Every kernel
+// starts with grid_dep_begin() (the PDL contract of src/launch.rs).
 
 #define TOPK 64
 #define TOPK_CHUNK 4096
@@ -74,6 +75,7 @@ __device__ void bitonic_sort_desc(u64* a) {
 // s[r, b·CHUNK .. (b+1)·CHUNK) in part[r, b, :], descending.
 extern "C" __global__ void topk_partial(const float* __restrict__ logits, int v, float scale,
                                         u64* __restrict__ part) {
+    grid_dep_begin();
     __shared__ u64 buf[TOPK_CHUNK];
     const int r = blockIdx.y, b = blockIdx.x;
     const float* row = logits + (size_t)r * v;
@@ -92,6 +94,7 @@ extern "C" __global__ void topk_partial(const float* __restrict__ logits, int v,
 // the tile is sorted again); writes the values' bits and the ids into out[r].
 extern "C" __global__ void topk_merge(const u64* __restrict__ part, int nparts,
                                       u32* __restrict__ out, int out_stride) {
+    grid_dep_begin();
     __shared__ u64 buf[TOPK_CHUNK];
     const int r = blockIdx.x;
     const u64* src = part + (size_t)r * nparts * TOPK;
@@ -120,6 +123,7 @@ extern "C" __global__ void topk_merge(const u64* __restrict__ part, int nparts,
 extern "C" __global__ void topk_sumexp_partial(const float* __restrict__ logits, int v,
                                                float scale, const u32* __restrict__ out,
                                                int out_stride, double* __restrict__ sums) {
+    grid_dep_begin();
     __shared__ double red[SUMEXP_THREADS];
     const int r = blockIdx.y;
     const float m = __uint_as_float(out[(size_t)r * out_stride]);
@@ -140,6 +144,7 @@ extern "C" __global__ void topk_sumexp_partial(const float* __restrict__ logits,
 // stored as two words after the ids.
 extern "C" __global__ void topk_sumexp_final(const double* __restrict__ sums, int nparts,
                                              u32* __restrict__ out, int out_stride) {
+    grid_dep_begin();
     if (threadIdx.x != 0) return;
     const int r = blockIdx.x;
     double z = 0.0;

@@ -5,7 +5,7 @@
 //! [`unpack_top`] turns them into a [`TopRows`] for `Sampler::sample_from_top`; the host twin is
 //! `yomi_core::sampling::top_candidates`.
 
-use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig};
 use yomi_core::{TOP_CANDIDATES, TopRows};
 
 use crate::device::CudaDevice;
@@ -104,7 +104,7 @@ impl CudaDevice {
                     part, sums, out, ..
                 } = scratch;
                 let (pp, sp, op) = (dptr_mut(part, st), dptr_mut(sums, st), dptr_mut(out, st));
-                let mut b = st.launch_builder(&f);
+                let mut b = self.launch(&f);
                 match name {
                     "topk_partial" => b.arg(&lp).arg(&v_i).arg(&scale).arg(&pp),
                     "topk_merge" => b.arg(&pp).arg(&nparts).arg(&op).arg(&stride),
