@@ -5,6 +5,6 @@ pub mod sampling;
 pub mod shapes;
 pub mod tree;
 
-pub use sampling::{Sampler, SamplerParams};
+pub use sampling::{Sampler, SamplerParams, TOP_CANDIDATES, TopRow, TopRows};
 pub use shapes::GdnShape;
 pub use tree::TreeBatch;

@@ -26,10 +26,11 @@ pub enum Module {
     Attn,
     Conv,
     GemvQuant,
+    Topk,
 }
 
 impl Module {
-    pub const ALL: [Module; 9] = [
+    pub const ALL: [Module; 10] = [
         Module::Norm,
         Module::Act,
         Module::Rope,
@@ -39,6 +40,7 @@ impl Module {
         Module::Attn,
         Module::Conv,
         Module::GemvQuant,
+        Module::Topk,
     ];
 
     /// File stem under `kernels/`.
@@ -53,6 +55,7 @@ impl Module {
             Module::Attn => "attention",
             Module::Conv => "conv",
             Module::GemvQuant => "gemv_quant",
+            Module::Topk => "topk",
         }
     }
 
@@ -68,6 +71,7 @@ impl Module {
             Module::Attn => include_str!("../kernels/attention.cu"),
             Module::Conv => include_str!("../kernels/conv.cu"),
             Module::GemvQuant => include_str!("../kernels/gemv_quant.cu"),
+            Module::Topk => include_str!("../kernels/topk.cu"),
         }
     }
 
@@ -111,6 +115,7 @@ impl Module {
             Module::Attn => crate::attention::kernel_names(),
             Module::Conv => vec!["conv1d_tree_f32".into()],
             Module::GemvQuant => crate::quant::all_kernels(),
+            Module::Topk => crate::topk::KERNELS.map(String::from).to_vec(),
         }
     }
 }

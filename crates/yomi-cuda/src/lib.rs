@@ -10,7 +10,8 @@
 //!   quantized embedding gather), chosen so a row's result does not depend on T (batch
 //!   invariance: speculative output equals plain output); Gated DeltaNet decode and tree verify
 //!   (`gdn.cu`); tree attention over the KV cache, split-K (`attention.rs`); tree conv1d
-//!   (`conv.rs`); and the glue of a pass (embedding, splits, gates, K/V store, gathers).
+//!   (`conv.rs`); the glue of a pass (embedding, splits, gates, K/V store, gathers); and the
+//!   top-64 candidates of each logits row for sampling on the host (`topk.rs`).
 //!
 //! Built on cudarc with dynamic loading: the crate builds and its tests pass on machines with no
 //! CUDA at all. Every entry point first checks that the library it needs can be loaded
@@ -34,6 +35,7 @@ mod launch;
 pub mod model;
 mod ops;
 mod quant;
+mod topk;
 
 pub use attention::{
     ATTN_HEAD_DIMS, ATTN_KEY_BATCH, ATTN_MAX_GROUP, ATTN_MAX_SPLITS, AttnDims, AttnPlan,
@@ -48,6 +50,7 @@ pub use ops::{
     bf16_tiles_len, gemv_variant, linear_kernel, tc_warps,
 };
 pub use quant::QuantFormat;
+pub use topk::{TOPK, TOPK_ROW_WORDS, TopkScratch, unpack_top};
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 

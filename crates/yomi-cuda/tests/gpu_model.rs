@@ -16,7 +16,7 @@
 
 use std::path::{Path, PathBuf};
 
-use yomi_core::{SamplerParams, TreeBatch};
+use yomi_core::{Sampler, SamplerParams, TreeBatch};
 use yomi_engine::generate::DraftMode;
 use yomi_engine::stats::StatsRecorder;
 use yomi_engine::{Engine, EngineOptions, GenerateParams, Generation};
@@ -404,6 +404,87 @@ fn speculative_equals_plain_on_gpu() {
                 plain.output_ids.len(),
                 spec.stats.tokens_per_forward_pass,
                 deep.stats.tokens_per_forward_pass
+            );
+        }
+    }
+}
+
+/// Plain decoding by hand from full logits (`Model::forward`, `Sampler::sample`): what the
+/// engine emitted before passes returned device candidates.
+fn full_logit_decode(
+    m: &Model,
+    st: &mut State,
+    prompt: &[u32],
+    p: SamplerParams,
+    n: usize,
+) -> Vec<u32> {
+    let mut logits = Vec::new();
+    m.forward(
+        st,
+        prompt,
+        &TreeBatch::chain(prompt.len()),
+        LogitRows::Last,
+        &mut logits,
+    )
+    .expect("prefill");
+    let all: Vec<usize> = (0..prompt.len()).collect();
+    m.commit(st, &all).expect("commit");
+    let mut s = Sampler::new(p);
+    let mut out = vec![s.sample(&logits, st.committed() as u64)];
+    while out.len() < n {
+        let c = st.committed();
+        let next = *out.last().unwrap();
+        m.forward(
+            st,
+            &[next],
+            &TreeBatch::chain(1),
+            LogitRows::Last,
+            &mut logits,
+        )
+        .expect("decode");
+        m.commit(st, &[0]).expect("commit");
+        out.push(s.sample(&logits, (c + 1) as u64));
+    }
+    out
+}
+
+/// The engine on the GPU samples from the device's top-64 candidates (falling back to a row's
+/// full logits when they cannot decide): its output equals full-logit sampling on the same GPU,
+/// plain and with the suffix drafter, for greedy, top-p, top-k and plain temperature (the last
+/// always falls back).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn device_candidates_equal_full_logit_sampling_on_gpu() {
+    let seeded = |temperature, top_k, top_p, seed| SamplerParams {
+        temperature,
+        top_k,
+        top_p,
+        seed,
+        ..Default::default()
+    };
+    for dir in [fixture("qwen35-tiny"), test_data("llama-tiny")] {
+        let (_, mut gpu) = pair(&dir, 2048);
+        assert!(gpu.model.ranks_on_device(), "YOMI_CUDA_TOPK=0 is set?");
+        gpu.eos_token_ids.clear();
+        let v = gpu.model.cfg.vocab_size as u32;
+        let base: Vec<u32> = (0..24).map(|i| (i * 37 + 11) % v).collect();
+        let prompt: Vec<u32> = base.iter().cycle().take(120).copied().collect();
+        let name = dir.file_name().unwrap().to_string_lossy().to_string();
+        for sampler in [
+            SamplerParams::greedy(),
+            seeded(0.7, 0, 0.9, 5),
+            seeded(0.8, 40, 1.0, 6),
+            seeded(1.0, 0, 1.0, 7),
+        ] {
+            let mut st = gpu.new_state();
+            let want = full_logit_decode(&gpu.model, &mut st, &prompt, sampler.clone(), 256);
+            for draft in [DraftMode::None, DraftMode::Suffix] {
+                let got = run(&gpu, &prompt, draft, sampler.clone());
+                assert_eq!(got.output_ids, want, "{name} {draft:?} {sampler:?}");
+            }
+            println!(
+                "RESULT {name} {sampler:?}: device candidates == full logits for {} tokens (plain and suffix)",
+                want.len()
             );
         }
     }

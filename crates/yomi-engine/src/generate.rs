@@ -9,8 +9,8 @@ use std::str::FromStr;
 use std::time::Instant;
 
 use anyhow::{Result, bail};
-use yomi_core::{Sampler, SamplerParams, TreeBatch};
-use yomi_models::{LogitRows, State};
+use yomi_core::{Sampler, SamplerParams, TopRows, TreeBatch};
+use yomi_models::{LogitRows, Model, State};
 use yomi_spec::{DraftTree, Drafter, SuffixDrafter, accept_with};
 
 use crate::engine::Engine;
@@ -209,6 +209,69 @@ struct Output {
     text_ended: bool,
 }
 
+/// Runs the loop's target passes and samples their rows: from the full logits (the CPU, or a
+/// device that does not rank logits), or, on a device that does, from each row's top
+/// candidates, fetching a row's full logits only when its candidates cannot decide the draw
+/// ([`Sampler::sample_from_top`]). Either way a row's token is exactly what
+/// [`Sampler::sample`] draws from its full logits.
+struct RowSampler {
+    sampler: Sampler,
+    /// Passes return candidates ([`Model::forward_top`]) instead of logits.
+    ranked: bool,
+    /// [rows, V] of the last pass (full logits), or one fetched row (ranked).
+    logits: Vec<f32>,
+    top: TopRows,
+    vocab: usize,
+}
+
+impl RowSampler {
+    fn new(model: &Model, params: SamplerParams, logits: Vec<f32>) -> Self {
+        RowSampler {
+            sampler: Sampler::new(params),
+            ranked: model.ranks_on_device(),
+            logits,
+            top: TopRows::default(),
+            vocab: model.cfg.vocab_size,
+        }
+    }
+
+    /// One pass over `tokens`/`tree` whose rows `which` selects are sampled next.
+    fn forward(
+        &mut self,
+        model: &Model,
+        st: &mut State,
+        tokens: &[u32],
+        tree: &TreeBatch,
+        which: LogitRows,
+    ) -> Result<()> {
+        if self.ranked {
+            let scale = self.sampler.params.logit_scale();
+            model.forward_top(st, tokens, tree, which, scale, &mut self.top)
+        } else {
+            model.forward(st, tokens, tree, which, &mut self.logits)
+        }
+    }
+
+    /// Draws from row `r` of the last pass's selected rows the token that will sit at
+    /// `position` (the pass may have been committed since: the device keeps its logits).
+    fn sample(&mut self, model: &Model, st: &mut State, r: usize, position: u64) -> Result<u32> {
+        if !self.ranked {
+            let v = self.vocab;
+            return Ok(self
+                .sampler
+                .sample(&self.logits[r * v..(r + 1) * v], position));
+        }
+        if r >= self.top.rows() {
+            bail!("row {r} of a pass that ranked {} rows", self.top.rows());
+        }
+        if let Some(tok) = self.sampler.sample_from_top(&self.top.row(r), position) {
+            return Ok(tok);
+        }
+        model.last_logits(st, r, &mut self.logits)?;
+        Ok(self.sampler.sample(&self.logits, position))
+    }
+}
+
 impl Engine {
     /// Generates from `prompt_ids` in `state` (which is reset first), drafting with
     /// `params.draft`. `stats` should have been started when the request arrived.
@@ -377,7 +440,7 @@ impl Engine {
         }
         stats.prefill_done(prompt.len() - cached);
 
-        let mut sampler = Sampler::new(params.sampler.clone());
+        let mut rows = RowSampler::new(model, params.sampler.clone(), logits);
         let out_cap = params.max_tokens.min(st.capacity() - prompt.len());
         let mut out = Output {
             ids: Vec::with_capacity(out_cap.min(4096)),
@@ -398,7 +461,9 @@ impl Engine {
         let mut draft = DraftTree::with_capacity(MAX_DRAFT_BUDGET + 1);
         let mut cost = PassCost::default();
         // The token after the prompt.
-        let mut next = sampler.sample(&logits, st.committed() as u64);
+        let mut next = rows
+            .sampler
+            .sample(&rows.logits[..v], st.committed() as u64);
         stats.first_token();
         let mut finish =
             self.push_token(&mut out, next, st.committed(), st, params, hooks, on_text)?;
@@ -432,23 +497,32 @@ impl Engine {
             let t0 = out.drafting.then(Instant::now);
             let bonus = if draft.len() == 1 {
                 tree.set_chain(1);
-                model.forward(st, &[next], &tree, LogitRows::Last, &mut logits)?;
+                rows.forward(model, st, &[next], &tree, LogitRows::Last)?;
                 accepted.clear();
                 accepted.push(0);
                 model.commit(st, &accepted)?;
-                sampler.sample(&logits, (c + 1) as u64)
+                rows.sample(model, st, 0, (c + 1) as u64)?
             } else {
                 draft.to_batch(&mut tree)?;
-                model.forward(st, draft.tokens(), &tree, LogitRows::All, &mut logits)?;
+                rows.forward(model, st, draft.tokens(), &tree, LogitRows::All)?;
+                // The walk takes plain tokens: a failed fetch of a row's logits stops it (no
+                // draft token equals u32::MAX) and is reported after.
+                let mut failed = None;
                 let bonus = accept_with(
                     &tree,
                     draft.tokens(),
                     |r| {
                         let pos = c + tree.depth(r) as usize + 1;
-                        sampler.sample(&logits[r * v..(r + 1) * v], pos as u64)
+                        rows.sample(model, st, r, pos as u64).unwrap_or_else(|e| {
+                            failed.get_or_insert(e);
+                            u32::MAX
+                        })
                     },
                     &mut accepted,
                 );
+                if let Some(e) = failed {
+                    return Err(e);
+                }
                 model.commit(st, &accepted)?;
                 bonus
             };

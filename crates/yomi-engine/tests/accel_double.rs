@@ -3,14 +3,16 @@
 //! Through it, plain and speculative generation equal the CPU engine's token for token, draft
 //! trees respect the accelerator's row limit, a reset reaches the device state, and a chat's next
 //! turn resumes from the device state's own committed prefix (the prefix cache keeps no device
-//! states).
+//! states). A double that ranks logits "on the device" (top-64 candidates from its full logits,
+//! as kernels/topk.cu does) gives the same output under every sampler, falling back to a row's
+//! full logits exactly when the candidates cannot decide it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::Result;
-use yomi_core::{SamplerParams, TreeBatch};
+use yomi_core::{SamplerParams, TopRows, TreeBatch};
 use yomi_engine::generate::{DraftMode, NoHooks};
 use yomi_engine::prefix_cache::{PrefixCache, PrefixCacheConfig};
 use yomi_engine::stats::StatsRecorder;
@@ -34,7 +36,9 @@ fn engine() -> Engine {
     e
 }
 
-struct CpuState(State);
+/// The double's device state: the sequence, and the last pass's logits (kept for
+/// `last_logits`, as a device keeps its logits buffer until the next pass).
+struct CpuState(State, Vec<f32>);
 
 impl AccelState for CpuState {
     fn as_any(&self) -> &dyn std::any::Any {
@@ -51,14 +55,21 @@ struct CpuDouble {
     max_rows: usize,
     resets: AtomicUsize,
     widest_tree: AtomicUsize,
+    /// Implements `forward_top` (ranks logits "on the device").
+    ranks: bool,
+    /// Passes that returned candidates, and rows fetched whole for the host.
+    ranked_passes: AtomicUsize,
+    fetched_rows: AtomicUsize,
 }
 
 fn state(st: &mut dyn AccelState) -> &mut State {
-    &mut st
-        .as_any_mut()
+    &mut cpu_state(st).0
+}
+
+fn cpu_state(st: &mut dyn AccelState) -> &mut CpuState {
+    st.as_any_mut()
         .downcast_mut::<CpuState>()
         .expect("a CpuState")
-        .0
 }
 
 impl Accelerator for CpuDouble {
@@ -69,7 +80,10 @@ impl Accelerator for CpuDouble {
         self.max_rows
     }
     fn new_state(&self, capacity: usize) -> Result<Box<dyn AccelState>> {
-        Ok(Box::new(CpuState(self.model.new_state(capacity))))
+        Ok(Box::new(CpuState(
+            self.model.new_state(capacity),
+            Vec::new(),
+        )))
     }
     fn forward(
         &self,
@@ -80,7 +94,9 @@ impl Accelerator for CpuDouble {
         which: LogitRows,
         logits: &mut Vec<f32>,
     ) -> Result<()> {
-        let s = state(st);
+        let CpuState(s, last) = cpu_state(st);
+        // A plain pass replaces what the device holds: no stale rows for `last_logits`.
+        last.clear();
         assert_eq!(s.committed(), committed, "the host's committed length");
         if !tree.is_chain() {
             assert!(tree.len() <= self.max_rows, "a tree of {} rows", tree.len());
@@ -96,6 +112,48 @@ impl Accelerator for CpuDouble {
             self.widest_tree.fetch_max(tree.len(), Ordering::Relaxed);
         }
         self.model.forward(s, tokens, tree, which, logits)
+    }
+    fn supports_top(&self) -> bool {
+        self.ranks
+    }
+    fn forward_top(
+        &self,
+        st: &mut dyn AccelState,
+        committed: usize,
+        tokens: &[u32],
+        tree: &TreeBatch,
+        which: LogitRows,
+        scale: f32,
+        top: &mut TopRows,
+    ) -> Result<()> {
+        assert!(self.ranks, "forward_top on a double that does not rank");
+        let CpuState(s, last) = cpu_state(st);
+        assert_eq!(s.committed(), committed, "the host's committed length");
+        if !tree.is_chain() {
+            assert!(tree.len() <= self.max_rows, "a tree of {} rows", tree.len());
+        }
+        self.model.forward(s, tokens, tree, which, last)?;
+        // What kernels/topk.cu computes, by its reference twin.
+        let v = self.model.cfg.vocab_size;
+        top.clear(v, scale);
+        for row in last.chunks(v) {
+            top.push_full_row(row);
+        }
+        self.ranked_passes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+    fn last_logits(&self, st: &mut dyn AccelState, row: usize, out: &mut Vec<f32>) -> Result<()> {
+        let v = self.model.cfg.vocab_size;
+        let last = &cpu_state(st).1;
+        anyhow::ensure!(
+            (row + 1) * v <= last.len(),
+            "row {row} of a pass that kept {} rows",
+            last.len() / v
+        );
+        out.clear();
+        out.extend_from_slice(&last[row * v..(row + 1) * v]);
+        self.fetched_rows.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
     fn commit(
         &self,
@@ -117,12 +175,20 @@ impl Accelerator for CpuDouble {
 
 /// An engine whose model runs through the double (limit `max_rows` tree rows), and the double.
 fn accelerated(max_rows: usize) -> (Engine, Arc<CpuDouble>) {
+    accelerated_with(max_rows, false)
+}
+
+/// [`accelerated`], with a double that ranks logits when `ranks`.
+fn accelerated_with(max_rows: usize, ranks: bool) -> (Engine, Arc<CpuDouble>) {
     let mut e = engine();
     let double = Arc::new(CpuDouble {
         model: engine().model,
         max_rows,
         resets: AtomicUsize::new(0),
         widest_tree: AtomicUsize::new(0),
+        ranks,
+        ranked_passes: AtomicUsize::new(0),
+        fetched_rows: AtomicUsize::new(0),
     });
     e.model.accel = Some(double.clone());
     e.model.release_host_matrices();
@@ -300,4 +366,58 @@ fn a_chat_turn_resumes_from_the_device_state() {
     let third = turn(&mut st, &mut cache, &other);
     assert_eq!(third.cached_tokens, 0);
     assert_eq!(third.output_ids, run(&cpu, &other, &p).output_ids);
+}
+
+/// Sampling from device candidates (the double ranks its logits like kernels/topk.cu) gives the
+/// CPU engine's output under every sampler, plain and drafted; rows are fetched whole exactly
+/// where the candidates cannot decide: never for greedy or top-k ≤ 64, on every row for plain
+/// temperature sampling (Gumbel noise can pick any of the 512 tokens).
+#[test]
+fn sampling_from_device_candidates_equals_the_cpu_engine() {
+    let cpu = engine();
+    let (acc, double) = accelerated_with(8, true);
+    let seeded = |temperature, top_k, top_p| SamplerParams {
+        temperature,
+        top_k,
+        top_p,
+        seed: 11,
+        ..Default::default()
+    };
+    // (sampler, expected fallbacks: none, every sampled row, or few: the tiny model is peaked
+    // enough that top-p 0.9 ends inside the 64 candidates, decided through the normaliser)
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Fetch {
+        Never,
+        Always,
+        Few,
+    }
+    let cases = [
+        (SamplerParams::greedy(), Fetch::Never),
+        (seeded(0.7, 0, 0.9), Fetch::Few),
+        (seeded(0.8, 40, 1.0), Fetch::Never),
+        (seeded(1.0, 0, 1.0), Fetch::Always),
+    ];
+    for (sampler, fetch) in cases {
+        let want = run(&cpu, &prompt(), &params(DraftMode::None, sampler.clone()));
+        for draft in [DraftMode::None, DraftMode::Suffix] {
+            double.ranked_passes.store(0, Ordering::Relaxed);
+            double.fetched_rows.store(0, Ordering::Relaxed);
+            let got = run(&acc, &prompt(), &params(draft, sampler.clone()));
+            assert_eq!(got.output_ids, want.output_ids, "{draft:?} {sampler:?}");
+            let passes = double.ranked_passes.load(Ordering::Relaxed);
+            let fetched = double.fetched_rows.load(Ordering::Relaxed);
+            eprintln!("{draft:?} {sampler:?}: {passes} ranked passes, {fetched} rows fetched");
+            // The first token comes from the prefill's full logits; every later pass ranks.
+            assert!(
+                passes > 0,
+                "no pass ranked on the device: {draft:?} {sampler:?}"
+            );
+            match fetch {
+                Fetch::Never => assert_eq!(fetched, 0, "{draft:?} {sampler:?}"),
+                // Each pass samples at least its root row, and every sampled row falls back.
+                Fetch::Always => assert!(fetched >= passes, "{draft:?} {sampler:?}"),
+                Fetch::Few => assert!(fetched * 10 < passes, "{draft:?} {sampler:?}"),
+            }
+        }
+    }
 }

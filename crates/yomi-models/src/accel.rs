@@ -9,8 +9,8 @@
 
 use std::any::Any;
 
-use anyhow::Result;
-use yomi_core::TreeBatch;
+use anyhow::{Result, bail};
+use yomi_core::{TopRows, TreeBatch};
 
 use crate::model::LogitRows;
 
@@ -44,6 +44,41 @@ pub trait Accelerator: Send + Sync {
         which: LogitRows,
         logits: &mut Vec<f32>,
     ) -> Result<()>;
+
+    /// Whether [`Accelerator::forward_top`] is implemented. Without it (the default) the engine
+    /// takes every pass's full logits from `forward`.
+    fn supports_top(&self) -> bool {
+        false
+    }
+
+    /// [`Accelerator::forward`] that returns, instead of the logits of the rows `which`
+    /// selects, each row's best candidates of s = fl32(logit · `scale`) and its normaliser
+    /// (see `yomi_core::TopRow`: the host finishes sampling from them). The device keeps those
+    /// rows' full logits until its next pass, for [`Accelerator::last_logits`].
+    #[allow(clippy::too_many_arguments)]
+    fn forward_top(
+        &self,
+        _st: &mut dyn AccelState,
+        _committed: usize,
+        _tokens: &[u32],
+        _tree: &TreeBatch,
+        _which: LogitRows,
+        _scale: f32,
+        _top: &mut TopRows,
+    ) -> Result<()> {
+        bail!("{} does not rank logits on the device", self.describe())
+    }
+
+    /// The full logits (V floats) of row `row` of the rows the last pass selected, for a row
+    /// its candidates cannot decide. Valid until the next pass; a commit leaves them.
+    fn last_logits(
+        &self,
+        _st: &mut dyn AccelState,
+        _row: usize,
+        _out: &mut Vec<f32>,
+    ) -> Result<()> {
+        bail!("{} keeps no logits for the host", self.describe())
+    }
 
     /// Commits the accepted rows (a checked root-anchored path) of the pending pass `tree`.
     fn commit(

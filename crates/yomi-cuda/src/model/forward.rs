@@ -11,7 +11,7 @@
 use anyhow::{Result, bail};
 use cudarc::driver::CudaSlice;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use yomi_core::TreeBatch;
+use yomi_core::{TopRows, TreeBatch};
 use yomi_models::LogitRows;
 
 use super::CudaModel;
@@ -20,6 +20,7 @@ use super::weights::{DevAttn, DevGdn, DevMixer, Proj};
 use crate::AttnPrepSources;
 use crate::attention::AttnDims;
 use crate::ops::GdnDeviceRows;
+use crate::topk::{TOPK_ROW_WORDS, unpack_top};
 use yomi_core::GdnShape;
 
 /// The GDN q/k l2-norm epsilon (inside the root), as on the CPU.
@@ -84,6 +85,8 @@ impl CudaModel {
         if let Some(l) = logits.as_deref_mut() {
             l.resize(rows_out * v, 0.0);
         }
+        // The logits buffer is about to change: nothing in it is the host's to fetch.
+        st.logit_rows = 0;
         let mut off = 0;
         while off < t {
             let n = (t - off).min(MAX_ROWS);
@@ -104,6 +107,72 @@ impl CudaModel {
             off += n;
         }
         st.pend_multi = t > MAX_ROWS;
+        Ok(())
+    }
+
+    /// [`CudaModel::run_forward`] that copies back, instead of the logits of the rows `which`
+    /// selects, their top candidates of fl32(logit · `scale`) and normalisers (kernels/topk.cu,
+    /// run after the pass: not in its graph, so `scale` can change per request). The rows'
+    /// logits stay on the device for [`CudaModel::download_logits_row`] until the next pass;
+    /// they must fit one sub-pass (at most MAX_ROWS rows).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run_forward_top(
+        &self,
+        st: &mut CudaState,
+        committed: usize,
+        tokens: &[u32],
+        tree: &TreeBatch,
+        which: LogitRows,
+        scale: f32,
+        top: &mut TopRows,
+    ) -> Result<()> {
+        let rows = match which {
+            LogitRows::All => tokens.len(),
+            LogitRows::Last => 1,
+            LogitRows::None => 0,
+        };
+        if rows > MAX_ROWS {
+            bail!("candidates for {rows} rows: one pass ranks at most {MAX_ROWS}");
+        }
+        self.run_forward_opt(st, committed, tokens, tree, which, None)?;
+        let v = self.cfg.vocab_size;
+        top.clear(v, scale);
+        if rows == 0 {
+            return Ok(());
+        }
+        self.dev
+            .topk_rows(&st.buf.logits.slice(0..rows * v), rows, scale, &mut st.topk)?;
+        st.top_words.resize(rows * TOPK_ROW_WORDS, 0);
+        self.dev.download_into(
+            &st.topk.out.slice(0..rows * TOPK_ROW_WORDS),
+            &mut st.top_words,
+        )?;
+        unpack_top(&st.top_words, top);
+        // The ids become tokens: a kernel fault must not turn into an out-of-vocabulary token.
+        if let Some(&(_, id)) = top.cands.iter().find(|c| c.1 as usize >= v) {
+            bail!("the device ranked token id {id}, outside the vocabulary of {v}");
+        }
+        st.logit_rows = rows;
+        Ok(())
+    }
+
+    /// The full logits of row `row` of the rows the last `run_forward_top` ranked.
+    pub(super) fn download_logits_row(
+        &self,
+        st: &mut CudaState,
+        row: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        if row >= st.logit_rows {
+            bail!(
+                "row {row} of the last pass's logits: the device holds {} ranked rows",
+                st.logit_rows
+            );
+        }
+        let v = self.cfg.vocab_size;
+        out.resize(v, 0.0);
+        self.dev
+            .download_into(&st.buf.logits.slice(row * v..(row + 1) * v), out)?;
         Ok(())
     }
 

@@ -10,7 +10,7 @@ mod weights;
 use std::sync::Arc;
 
 use anyhow::{Result, anyhow};
-use yomi_core::TreeBatch;
+use yomi_core::{TopRows, TreeBatch};
 use yomi_models::{AccelState, Accelerator, LogitRows, Model, ModelConfig};
 
 use crate::device::CudaDevice;
@@ -24,6 +24,9 @@ pub struct CudaModel {
     w: DevWeights,
     /// Replay passes of up to MAX_ROWS rows as CUDA graphs (`YOMI_CUDA_GRAPHS=0` turns it off).
     graphs: bool,
+    /// Rank logits on the device and copy back candidates only (`YOMI_CUDA_TOPK=0` turns it
+    /// off: every pass then copies its full logits rows, as before).
+    topk: bool,
 }
 
 impl CudaModel {
@@ -41,6 +44,7 @@ impl CudaModel {
             cfg: model.cfg.clone(),
             w,
             graphs: std::env::var("YOMI_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            topk: std::env::var("YOMI_CUDA_TOPK").map_or(true, |v| v != "0"),
         })
     }
 
@@ -142,6 +146,29 @@ impl Accelerator for CudaModel {
     ) -> Result<()> {
         let st = self.state(st)?;
         self.run_forward(st, committed, tokens, tree, which, logits)
+    }
+
+    fn supports_top(&self) -> bool {
+        self.topk
+    }
+
+    fn forward_top(
+        &self,
+        st: &mut dyn AccelState,
+        committed: usize,
+        tokens: &[u32],
+        tree: &TreeBatch,
+        which: LogitRows,
+        scale: f32,
+        top: &mut TopRows,
+    ) -> Result<()> {
+        let st = self.state(st)?;
+        self.run_forward_top(st, committed, tokens, tree, which, scale, top)
+    }
+
+    fn last_logits(&self, st: &mut dyn AccelState, row: usize, out: &mut Vec<f32>) -> Result<()> {
+        let st = self.state(st)?;
+        self.download_logits_row(st, row, out)
     }
 
     fn commit(

@@ -11,6 +11,7 @@ use yomi_models::{AccelState, LayerKind, ModelConfig};
 
 use crate::attention::{AttnDims, AttnScratch};
 use crate::device::CudaDevice;
+use crate::topk::TopkScratch;
 
 /// Rows one sub-pass takes (the GEMV and GDN verify kernels' limit). Longer chains (prefill)
 /// run as consecutive sub-passes; trees must fit in one.
@@ -116,6 +117,12 @@ pub struct CudaState {
     /// Captured passes by (rows, which logits), and the shapes run once (captured next time).
     pub(super) graphs: HashMap<(usize, u8), Graph>,
     pub(super) seen: HashSet<(usize, u8)>,
+    /// Ranking of the last pass's logits rows (`forward_top`) and its host staging.
+    pub(super) topk: TopkScratch,
+    pub(super) top_words: Vec<u32>,
+    /// Rows of `buf.logits` that `last_logits` may hand out: those `forward_top` ranked, until
+    /// the next pass (a commit does not write the logits buffer).
+    pub(super) logit_rows: usize,
 }
 
 impl AccelState for CudaState {
@@ -243,6 +250,9 @@ impl CudaState {
             pend_multi: false,
             graphs: HashMap::new(),
             seen: HashSet::new(),
+            topk: TopkScratch::new(dev, R, cfg.vocab_size)?,
+            top_words: Vec::with_capacity(R * crate::topk::TOPK_ROW_WORDS),
+            logit_rows: 0,
         })
     }
 }

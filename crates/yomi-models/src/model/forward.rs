@@ -2,7 +2,8 @@
 //! commit of its accepted rows. No committed state is written by `forward`.
 
 use anyhow::{Result, bail};
-use yomi_core::TreeBatch;
+use yomi_core::{TopRows, TreeBatch};
+
 use yomi_cpu::activation::{sigmoid, softplus, swiglu};
 use yomi_cpu::attention::{AttnShape, attention_tree};
 use yomi_cpu::conv::conv1d_tree;
@@ -11,6 +12,7 @@ use yomi_cpu::linear::linear;
 use yomi_cpu::norm::{l2_norm_inplace, rms_norm, rms_norm_gated_inplace, rms_norm_inplace};
 
 use super::weights::{AttnWeights, GdnWeights, Mixer, Model};
+use crate::accel::{AccelState, Accelerator};
 use crate::state::{AttnCache, GdnState, LayerState, State};
 
 /// Which rows of the pass get logits.
@@ -77,57 +79,16 @@ impl Model {
         logits: &mut Vec<f32>,
         mut trace: Option<&mut Trace>,
     ) -> Result<()> {
+        self.check_pass(st, tokens, tree)?;
         let cfg = &self.cfg;
         let t = tokens.len();
-        if t == 0 {
-            bail!("a forward pass needs at least one token");
-        }
-        if tree.len() != t {
-            bail!("{} tokens but the tree has {} rows", t, tree.len());
-        }
-        let depth = (0..t).map(|i| tree.depth(i) as usize).max().unwrap_or(0);
-        if st.committed + depth + 1 > st.capacity || st.committed + t > st.capacity {
-            bail!(
-                "context full: {} committed tokens + {} new rows exceed the context size of {}",
-                st.committed,
-                t,
-                st.capacity
-            );
-        }
-        if let Some(&bad) = tokens.iter().find(|&&x| x as usize >= cfg.vocab_size) {
-            bail!(
-                "token id {bad} is outside the vocabulary of {} tokens",
-                cfg.vocab_size
-            );
-        }
         if let Some(acc) = &self.accel {
             if trace.is_some() {
                 bail!("tracing hidden states runs on the CPU only (use --device cpu)");
             }
-            if !tree.is_chain() && t > acc.max_tree_rows() {
-                bail!(
-                    "a tree of {t} rows exceeds the {} rows one {} pass verifies",
-                    acc.max_tree_rows(),
-                    acc.describe()
-                );
-            }
-            if st.accel.is_none() {
-                st.accel = Some(acc.new_state(st.capacity)?);
-                st.accel_reset = false;
-            }
-            let ds = st.accel.as_deref_mut().expect("made above");
-            if st.accel_reset {
-                acc.reset(ds)?;
-                st.accel_reset = false;
-            }
-            // Nothing is pending if the pass fails half-way.
-            st.pending.active = false;
-            acc.forward(ds, st.committed, tokens, tree, which, logits)?;
-            st.pending.tree.copy_from(tree);
-            st.pending.tokens.clear();
-            st.pending.tokens.extend_from_slice(tokens);
-            st.pending.active = true;
-            return Ok(());
+            return self.accel_pass(acc.as_ref(), st, tokens, tree, |acc, ds, committed| {
+                acc.forward(ds, committed, tokens, tree, which, logits)
+            });
         }
         if self.host_matrices_released {
             bail!("this model's weights live on its device only; the CPU path cannot run it");
@@ -215,6 +176,117 @@ impl Model {
             linear(sel, n, head, None, logits);
         }
         st.scratch = sc;
+        st.pending.tree.copy_from(tree);
+        st.pending.tokens.clear();
+        st.pending.tokens.extend_from_slice(tokens);
+        st.pending.active = true;
+        Ok(())
+    }
+
+    /// Whether [`Model::forward_top`] runs (an accelerator that ranks logits on its device).
+    pub fn ranks_on_device(&self) -> bool {
+        self.accel.as_ref().is_some_and(|a| a.supports_top())
+    }
+
+    /// [`Model::forward`] on an accelerator that ranks logits on its device: `top` receives, for
+    /// the rows `which` selects, each row's best candidates of fl32(logit · `scale`) and its
+    /// normaliser instead of the logits (see [`Accelerator::forward_top`]). Errors when
+    /// [`Model::ranks_on_device`] is false.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_top(
+        &self,
+        st: &mut State,
+        tokens: &[u32],
+        tree: &TreeBatch,
+        which: LogitRows,
+        scale: f32,
+        top: &mut TopRows,
+    ) -> Result<()> {
+        let acc = match &self.accel {
+            Some(a) if a.supports_top() => a,
+            _ => bail!("this model does not rank logits on a device"),
+        };
+        self.check_pass(st, tokens, tree)?;
+        self.accel_pass(acc.as_ref(), st, tokens, tree, |acc, ds, committed| {
+            acc.forward_top(ds, committed, tokens, tree, which, scale, top)
+        })
+    }
+
+    /// The full logits of row `row` of the rows the device's last pass selected (after
+    /// [`Model::forward_top`], for a row its candidates cannot decide; a commit leaves them).
+    pub fn last_logits(&self, st: &mut State, row: usize, out: &mut Vec<f32>) -> Result<()> {
+        let (Some(acc), Some(ds)) = (&self.accel, st.accel.as_deref_mut()) else {
+            bail!("no device pass has run on this state");
+        };
+        acc.last_logits(ds, row, out)?;
+        if out.len() != self.cfg.vocab_size {
+            bail!(
+                "the device returned {} logits for a vocabulary of {}",
+                out.len(),
+                self.cfg.vocab_size
+            );
+        }
+        Ok(())
+    }
+
+    /// What every pass is checked for before it runs: tokens, tree and context size.
+    fn check_pass(&self, st: &State, tokens: &[u32], tree: &TreeBatch) -> Result<()> {
+        let cfg = &self.cfg;
+        let t = tokens.len();
+        if t == 0 {
+            bail!("a forward pass needs at least one token");
+        }
+        if tree.len() != t {
+            bail!("{} tokens but the tree has {} rows", t, tree.len());
+        }
+        let depth = (0..t).map(|i| tree.depth(i) as usize).max().unwrap_or(0);
+        if st.committed + depth + 1 > st.capacity || st.committed + t > st.capacity {
+            bail!(
+                "context full: {} committed tokens + {} new rows exceed the context size of {}",
+                st.committed,
+                t,
+                st.capacity
+            );
+        }
+        if let Some(&bad) = tokens.iter().find(|&&x| x as usize >= cfg.vocab_size) {
+            bail!(
+                "token id {bad} is outside the vocabulary of {} tokens",
+                cfg.vocab_size
+            );
+        }
+        Ok(())
+    }
+
+    /// Runs a checked pass on the accelerator: makes (or lazily resets) the device state,
+    /// calls `run(acc, device state, committed)` and records the rows as pending.
+    fn accel_pass(
+        &self,
+        acc: &dyn Accelerator,
+        st: &mut State,
+        tokens: &[u32],
+        tree: &TreeBatch,
+        run: impl FnOnce(&dyn Accelerator, &mut dyn AccelState, usize) -> Result<()>,
+    ) -> Result<()> {
+        let t = tokens.len();
+        if !tree.is_chain() && t > acc.max_tree_rows() {
+            bail!(
+                "a tree of {t} rows exceeds the {} rows one {} pass verifies",
+                acc.max_tree_rows(),
+                acc.describe()
+            );
+        }
+        if st.accel.is_none() {
+            st.accel = Some(acc.new_state(st.capacity)?);
+            st.accel_reset = false;
+        }
+        let ds = st.accel.as_deref_mut().expect("made above");
+        if st.accel_reset {
+            acc.reset(ds)?;
+            st.accel_reset = false;
+        }
+        // Nothing is pending if the pass fails half-way.
+        st.pending.active = false;
+        run(acc, ds, st.committed)?;
         st.pending.tree.copy_from(tree);
         st.pending.tokens.clear();
         st.pending.tokens.extend_from_slice(tokens);
