@@ -497,8 +497,10 @@ mod tests {
         assert_eq!(parse_status_kb(status, "VmRSS:"), Some(1000));
         assert_eq!(parse_status_kb(status, "VmSwap:"), None);
         if cfg!(target_os = "linux") {
-            let peak = peak_rss_bytes().expect("VmHWM");
+            // Current first: other test threads may allocate between the two reads, and the
+            // high-water mark never falls below any earlier resident size.
             let cur = current_rss_bytes().expect("VmRSS");
+            let peak = peak_rss_bytes().expect("VmHWM");
             assert!(peak >= cur && cur > 0, "{peak} {cur}");
         }
     }
