@@ -93,16 +93,38 @@ extern "C" __global__ void sigmoid_mul_f32(float* __restrict__ o, const float* _
 //   q[t, h, :] = mc_q / sqrt(Σ mc_q² + eps) · qscale     (l2 norm per key head, then dk^−½)
 //   k[t, h, :] = mc_k / sqrt(Σ mc_k² + eps)
 //   v[t, :]    = mc_v
-// Shapes: q, k [T, Hk·dk]; v [T, Hv·dv]. Grid (T, 2·Hk + vblocks), block 128: blockIdx.y < Hk
-// is a q head, < 2·Hk a k head, the rest copy v in chunks of 128·8 values.
+// Shapes: q, k [T, Hk·dk]; v [T, Hv·dv]. Grid (T, 2·Hk + vblocks [+ 1]), block 128: blockIdx.y
+// < Hk is a q head, < 2·Hk a k head, the rest copy v in chunks of 128·8 values. When braw is not
+// null the grid has one more block per row, which computes that row's g and β as
+// gdn_gate_beta_f32 below does (b_raw, a_raw rows ab_stride apart; g, beta [T, Hv]).
 extern "C" __global__ void gdn_split_qkv_f32(const float* __restrict__ mc, float* __restrict__ q,
                                              float* __restrict__ k, float* __restrict__ v, int hk,
-                                             int dk, int vd, float qscale, float eps) {
+                                             int dk, int vd, float qscale, float eps,
+                                             const float* __restrict__ braw,
+                                             const float* __restrict__ araw,
+                                             long long ab_stride,
+                                             const float* __restrict__ neg_exp_a,
+                                             const float* __restrict__ dt_bias,
+                                             float* __restrict__ g, float* __restrict__ beta,
+                                             int hv) {
     grid_dep_begin();
     __shared__ float red[33];
     const int t = blockIdx.x, y = blockIdx.y;
     const int kd = hk * dk, c = 2 * kd + vd;
     const float* row = mc + (size_t)t * c;
+    if (y == gridDim.y - 1 && braw) {
+        // The last block of a row, when asked: that row's decay and write strength, the same
+        // operations as gdn_gate_beta_f32 (one launch fewer per GDN layer).
+        for (int h = threadIdx.x; h < hv; h += blockDim.x) {
+            const long long src = (long long)t * ab_stride + h;
+            const int i = t * hv + h;
+            beta[i] = 1.0f / (1.0f + expf(-braw[src]));
+            const float xa = araw[src] + dt_bias[h];
+            const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
+            g[i] = neg_exp_a[h] * sp;
+        }
+        return;
+    }
     if (y < 2 * hk) {
         const bool is_q = y < hk;
         const int h = is_q ? y : y - hk;
@@ -228,8 +250,11 @@ extern "C" __global__ void swiglu_pair_f32(const float* __restrict__ gu, float* 
 }
 
 // Residual add then RMSNorm, per row of n values: h += y; x = h / sqrt(mean(h²) + eps) · w.
-// Grid (rows); block a multiple of 32 (the same sizes as rms_norm_f32, so the sums run in the
-// same order as the unfused pair).
+// Grid (rows); block a multiple of 32, one thread per 16-byte chunk of the row (src/glue.rs
+// `add_norm_block`). The sum of squares adds four squares per thread before the block sum, so
+// it rounds differently from rms_norm_f32 on h + y (within f32 rounding); every row is its own
+// block, so a row's result does not depend on T.
+#define ADD_NORM_V 2
 extern "C" __global__ void add_rms_norm_f32(float* __restrict__ h, const float* __restrict__ y,
                                             const float* __restrict__ w, float* __restrict__ x,
                                             int n, float eps) {
@@ -238,6 +263,40 @@ extern "C" __global__ void add_rms_norm_f32(float* __restrict__ h, const float* 
     float* hr = h + (size_t)blockIdx.x * n;
     const float* yr = y + (size_t)blockIdx.x * n;
     float* xr = x + (size_t)blockIdx.x * n;
+    // Rows of whole 16-byte chunks: each thread keeps up to ADD_NORM_V of them in registers
+    // between the sum of squares and the scaling, so the row is read once and every load of a
+    // thread is in flight at the same time (one block per row is latency-bound, not
+    // bandwidth-bound, at decode).
+    const bool v4 = (n & 3) == 0 && ((((size_t)hr | (size_t)yr | (size_t)xr | (size_t)w) & 15) == 0);
+    const int nc = n >> 2;
+    if (v4 && nc <= ADD_NORM_V * (int)blockDim.x) {
+        float4 hv[ADD_NORM_V];
+        float ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < ADD_NORM_V; ++k) {
+            const int c = threadIdx.x + k * blockDim.x;
+            if (c < nc) {
+                const float4 a = ((const float4*)hr)[c], b = ((const float4*)yr)[c];
+                const float4 v = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+                ((float4*)hr)[c] = v;
+                hv[k] = v;
+                ss += (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w);
+            }
+        }
+        ss = block_sum(ss, red);
+        const float r = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma unroll
+        for (int k = 0; k < ADD_NORM_V; ++k) {
+            const int c = threadIdx.x + k * blockDim.x;
+            if (c < nc) {
+                const float4 ww = ((const float4*)w)[c];
+                const float4 v = hv[k];
+                ((float4*)xr)[c] =
+                    make_float4(v.x * r * ww.x, v.y * r * ww.y, v.z * r * ww.z, v.w * r * ww.w);
+            }
+        }
+        return;
+    }
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const float v = hr[i] + yr[i];

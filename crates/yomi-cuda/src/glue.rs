@@ -9,7 +9,30 @@ use crate::device::CudaDevice;
 use crate::error::{Result, ensure};
 use crate::guard;
 use crate::kernels::Module;
-use crate::ops::{DeviceMatrix, WeightDtype, as_i32, dptr, dptr_mut, launch_err, rms_norm_block};
+use crate::ops::{DeviceMatrix, WeightDtype, as_i32, dptr, dptr_mut, launch_err};
+
+/// The decay and write-strength inputs of [`CudaDevice::gdn_split_qkv_gate`]: b_raw and a_raw
+/// rows `stride` values apart, the per-head −exp(A) and dt bias [Hv], outputs g, β [T, Hv].
+pub struct GdnGateArgs<'a> {
+    pub braw: &'a dyn DevicePtr<f32>,
+    pub araw: &'a dyn DevicePtr<f32>,
+    pub stride: usize,
+    pub neg_exp_a: &'a CudaSlice<f32>,
+    pub dt_bias: &'a CudaSlice<f32>,
+    pub g: &'a mut dyn DevicePtrMut<f32>,
+    pub beta: &'a mut dyn DevicePtrMut<f32>,
+}
+
+/// Threads per row of `add_rms_norm_f32`: one per 16-byte chunk of the row (at most 1024, at
+/// least a warp), so a hidden size up to 8192 is read in one round trip of two chunks per
+/// thread at most; rows that are not whole chunks take 256 threads and the scalar loop.
+fn add_norm_block(n: usize) -> u32 {
+    if n.is_multiple_of(4) {
+        (n / 4).div_ceil(32).clamp(1, 32) as u32 * 32
+    } else {
+        256
+    }
+}
 
 /// The inputs of [`CudaDevice::attn_prep`]: q (with gates), k and v rows, each with its row
 /// stride in values (a fused projection's views share its full width), the optional per-head
@@ -344,6 +367,26 @@ impl CudaDevice {
         k: &mut impl DevicePtrMut<f32>,
         v: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
+        self.gdn_split_qkv_gate(mc, t, hk, dk, vd, qscale, eps, q, k, v, None)
+    }
+
+    /// [`CudaDevice::gdn_split_qkv`] that also computes g and β
+    /// ([`CudaDevice::gdn_gate_beta_strided`], the same operations) in the same launch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gdn_split_qkv_gate(
+        &self,
+        mc: &impl DevicePtr<f32>,
+        t: usize,
+        hk: usize,
+        dk: usize,
+        vd: usize,
+        qscale: f32,
+        eps: f32,
+        q: &mut impl DevicePtrMut<f32>,
+        k: &mut impl DevicePtrMut<f32>,
+        v: &mut impl DevicePtrMut<f32>,
+        gate: Option<GdnGateArgs<'_>>,
+    ) -> Result<()> {
         let kd = hk * dk;
         ensure!(
             mc.len() == t * (2 * kd + vd),
@@ -355,17 +398,34 @@ impl CudaDevice {
             q.len() == t * kd && k.len() == t * kd && v.len() == t * vd,
             "gdn_split_qkv: q/k must be [T={t}, {kd}] and v [T={t}, {vd}]"
         );
+        let hv = gate.as_ref().map_or(0, |gb| gb.neg_exp_a.len());
+        if let Some(gb) = &gate {
+            let src_len = if t == 0 { 0 } else { (t - 1) * gb.stride + hv };
+            ensure!(
+                hv > 0
+                    && gb.stride >= hv
+                    && gb.dt_bias.len() == hv
+                    && gb.braw.len() == src_len
+                    && gb.araw.len() == src_len
+                    && gb.g.len() == t * hv
+                    && gb.beta.len() == t * hv,
+                "gdn_split_qkv: g/β inputs do not fit T = {t}, Hv = {hv}, stride {}",
+                gb.stride
+            );
+        }
         if t == 0 {
             return Ok(());
         }
         let f = self.func(Module::Glue, "gdn_split_qkv_f32")?;
         let vblocks = vd.div_ceil(128 * 8);
+        let extra = usize::from(gate.is_some());
         let cfg = LaunchConfig {
-            grid_dim: (t as u32, (2 * hk + vblocks) as u32, 1),
+            grid_dim: (t as u32, (2 * hk + vblocks + extra) as u32, 1),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
         let dims = [as_i32(hk, "hk")?, as_i32(dk, "dk")?, as_i32(vd, "vd")?];
+        let hv_i = as_i32(hv, "hv")?;
         guard("gdn_split_qkv", || {
             let st = self.stream();
             let (mp, qp, kp, vp) = (
@@ -374,13 +434,35 @@ impl CudaDevice {
                 dptr_mut(k, st),
                 dptr_mut(v, st),
             );
+            let (bp, ap, stride, np, dp, gp, betap) = match gate {
+                Some(gb) => (
+                    dptr(gb.braw, st),
+                    dptr(gb.araw, st),
+                    gb.stride as i64,
+                    dptr(gb.neg_exp_a, st),
+                    dptr(gb.dt_bias, st),
+                    dptr_mut(gb.g, st),
+                    dptr_mut(gb.beta, st),
+                ),
+                None => (0, 0, 0, 0, 0, 0, 0),
+            };
             let mut b = self.launch(&f);
             b.arg(&mp).arg(&qp).arg(&kp).arg(&vp);
             for d in &dims {
                 b.arg(d);
             }
-            b.arg(&qscale).arg(&eps);
-            // SAFETY: argument types match `gdn_split_qkv_f32`; shapes checked.
+            b.arg(&qscale)
+                .arg(&eps)
+                .arg(&bp)
+                .arg(&ap)
+                .arg(&stride)
+                .arg(&np)
+                .arg(&dp)
+                .arg(&gp)
+                .arg(&betap)
+                .arg(&hv_i);
+            // SAFETY: argument types match `gdn_split_qkv_f32`; shapes checked, and the g/β
+            // block runs only with all of its pointers set.
             unsafe { b.launch(cfg) }
                 .map(|_| ())
                 .map_err(launch_err("gdn_split_qkv_f32"))
@@ -724,7 +806,7 @@ impl CudaDevice {
         let n_i = as_i32(n, "n")?;
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
-            block_dim: (rms_norm_block(n), 1, 1),
+            block_dim: (add_norm_block(n), 1, 1),
             shared_mem_bytes: 0,
         };
         guard("add_rms_norm", || {

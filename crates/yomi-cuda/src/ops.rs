@@ -468,7 +468,7 @@ impl CudaDevice {
     }
 
     /// One `rms_norm_f32` launch over `len` values at `xp` (rows of w.len()), into `yp` (0: in
-    /// place). The block size here is also the one `add_rms_norm` uses, so both sum alike.
+    /// place).
     fn launch_rms_norm(
         &self,
         xp: u64,

@@ -764,3 +764,109 @@ fn gdn_inputs_read_in_place_match_the_packed_pieces() {
         println!("RESULT glue GDN inputs in place T={t}: conv, g/β, gated norm bit-identical");
     }
 }
+
+/// The fused residual add + RMSNorm at other row widths: SmolLM2's 576 (16-byte chunks, one per
+/// thread), 8192 (two chunks per thread) and 1001 (not whole chunks: the scalar loop).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn add_rms_norm_other_widths() {
+    let d = dev();
+    let mut r = Rng::new(33);
+    for n in [576usize, 8192, 1001] {
+        for t in [1usize, 3] {
+            let h = r.vec(t * n, 3.0);
+            let y = r.vec(t * n, 3.0);
+            let w: Vec<f32> = r.vec(n, 0.5).iter().map(|v| 1.0 + v).collect();
+            let sum: Vec<f32> = h.iter().zip(&y).map(|(a, b)| a + b).collect();
+            let mut want = vec![0.0; t * n];
+            rms_norm(&sum, &w, 1e-6, &mut want);
+            let (mut hd, yd, wd) = (
+                d.upload(&h).unwrap(),
+                d.upload(&y).unwrap(),
+                d.upload(&w).unwrap(),
+            );
+            let mut xd = poisoned(&d, t * n);
+            d.add_rms_norm(&mut hd, &yd, &wd, 1e-6, &mut xd).unwrap();
+            exact(
+                &format!("add_rms_norm sum n={n} T={t}"),
+                &d.download(&hd).unwrap(),
+                &sum,
+            );
+            check(
+                &format!("add_rms_norm n={n} T={t}"),
+                &d.download(&xd).unwrap(),
+                &want,
+            );
+        }
+    }
+}
+
+/// q/k/v split with g/β in the same launch gives exactly what the two launches give.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gdn_split_with_gate_matches_the_two_launches() {
+    use yomi_cuda::GdnGateArgs;
+    let d = dev();
+    let mut r = Rng::new(57);
+    let (hk, dk, hv, dv) = (16usize, 128usize, 32usize, 128usize);
+    let (kd, vd) = (hk * dk, hv * dv);
+    let stride = 8192 + vd + 2 * hv;
+    for t in [1usize, 9, 32] {
+        let mc = d.upload(&r.vec(t * (2 * kd + vd), 1.0)).unwrap();
+        let ab = d.upload(&r.vec(t * stride, 2.0)).unwrap();
+        let bv = ab.slice(0..(t - 1) * stride + hv);
+        let av = ab.slice(hv..hv + (t - 1) * stride + hv);
+        let nea = d.upload(&r.vec(hv, 1.0)).unwrap();
+        let dtb = d.upload(&r.vec(hv, 1.0)).unwrap();
+        let outs = |d: &yomi_cuda::CudaDevice| {
+            (
+                poisoned(d, t * kd),
+                poisoned(d, t * kd),
+                poisoned(d, t * vd),
+                poisoned(d, t * hv),
+                poisoned(d, t * hv),
+            )
+        };
+        let (mut q1, mut k1, mut v1, mut g1, mut b1) = outs(&d);
+        d.gdn_split_qkv(&mc, t, hk, dk, vd, 0.088, 1e-6, &mut q1, &mut k1, &mut v1)
+            .unwrap();
+        d.gdn_gate_beta_strided(&bv, &av, stride, &nea, &dtb, &mut g1, &mut b1)
+            .unwrap();
+        let (mut q2, mut k2, mut v2, mut g2, mut b2) = outs(&d);
+        d.gdn_split_qkv_gate(
+            &mc,
+            t,
+            hk,
+            dk,
+            vd,
+            0.088,
+            1e-6,
+            &mut q2,
+            &mut k2,
+            &mut v2,
+            Some(GdnGateArgs {
+                braw: &bv,
+                araw: &av,
+                stride,
+                neg_exp_a: &nea,
+                dt_bias: &dtb,
+                g: &mut g2,
+                beta: &mut b2,
+            }),
+        )
+        .unwrap();
+        let bits = |v: &cudarc::driver::CudaSlice<f32>| -> Vec<u32> {
+            d.download(v).unwrap().iter().map(|x| x.to_bits()).collect()
+        };
+        for (name, a, b) in [
+            ("q", &q1, &q2),
+            ("k", &k1, &k2),
+            ("v", &v1, &v2),
+            ("g", &g1, &g2),
+            ("beta", &b1, &b2),
+        ] {
+            assert!(bits(a) == bits(b), "{name} differs at T={t}");
+        }
+        println!("RESULT glue gdn_split_qkv + g/β in one launch T={t}: bit-identical");
+    }
+}

@@ -17,10 +17,10 @@ use yomi_models::LogitRows;
 use super::CudaModel;
 use super::state::{CudaState, DevLayerState, MAX_ROWS};
 use super::weights::{DevAttn, DevGdn, DevMixer, Proj};
-use crate::AttnPrepSources;
 use crate::attention::AttnDims;
 use crate::ops::GdnDeviceRows;
 use crate::topk::{TOPK_ROW_WORDS, unpack_top};
+use crate::{AttnPrepSources, GdnGateArgs};
 use yomi_core::GdnShape;
 
 /// The GDN q/k l2-norm epsilon (inside the root), as on the CPU.
@@ -637,7 +637,9 @@ impl CudaModel {
             &mut b.gdn_mc.slice_mut(0..n * c),
             &mut pwin.slice_mut(0..n * wl),
         )?;
-        dev.gdn_split_qkv(
+        // q/k normed, v copied, and g/β from the in-projection, in one launch.
+        let (mut gout, mut bout) = (pg.slice_mut(0..n * hv), pb.slice_mut(0..n * hv));
+        dev.gdn_split_qkv_gate(
             &b.gdn_mc.slice(0..n * c),
             n,
             hk,
@@ -648,15 +650,15 @@ impl CudaModel {
             &mut b.gdn_q.slice_mut(0..n * kd),
             &mut pk.slice_mut(0..n * kd),
             &mut pv.slice_mut(0..n * vd),
-        )?;
-        dev.gdn_gate_beta_strided(
-            &bv,
-            &av,
-            abs,
-            &w.neg_exp_a,
-            &w.dt_bias,
-            &mut pg.slice_mut(0..n * hv),
-            &mut pb.slice_mut(0..n * hv),
+            Some(GdnGateArgs {
+                braw: &bv,
+                araw: &av,
+                stride: abs,
+                neg_exp_a: &w.neg_exp_a,
+                dt_bias: &w.dt_bias,
+                g: &mut gout,
+                beta: &mut bout,
+            }),
         )?;
         let shape = GdnShape { hk, hv, dk, dv };
         let (q, k, v, gg, bb) = (
