@@ -446,7 +446,13 @@ impl CudaModel {
         // The projections: a fused one is read in place by attn_prep (row stride = its width);
         // split ones write qf, kb, vb.
         let (proj_total, split) = match &w.qkv {
-            Proj::Fused { w: m, bias, .. } => {
+            Proj::Fused { w: m, bias, widths } => {
+                if widths[..] != [qf_len / n, kvw, kvw] {
+                    bail!(
+                        "attention projection pieces {widths:?}, not [{}, {kvw}, {kvw}]",
+                        qf_len / n
+                    );
+                }
                 let total = m.rows;
                 dev.linear(&x, n, m, bias.as_ref(), &mut b.proj.slice_mut(0..n * total))?;
                 (total, false)
