@@ -243,47 +243,21 @@ __device__ __forceinline__ void attn_partial(const float* __restrict__ q,
     q, kc, vc, committed, anc, part_acc, part_ml, t_rows, words, n_heads, n_kv, capacity, scale, \
         rows_per_tile, q_groups
 
-extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)
-    attn_partial_hd16_f32(ATT_ARGS) {
-    grid_dep_begin();
-    attn_partial<1, 16>(ATT_PASS);
-}
+// attn_partial_hd<HD>_f32 for each head size, HC = ceil(HD / 32) values per lane.
+#define ATT_PARTIAL_KERNEL(HC, HD)                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)                               \
+        attn_partial_hd##HD##_f32(ATT_ARGS) {                                                  \
+        grid_dep_begin();                                                                      \
+        attn_partial<HC, HD>(ATT_PASS);                                                        \
+    }
 
-extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)
-    attn_partial_hd32_f32(ATT_ARGS) {
-    grid_dep_begin();
-    attn_partial<1, 32>(ATT_PASS);
-}
-
-extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)
-    attn_partial_hd64_f32(ATT_ARGS) {
-    grid_dep_begin();
-    attn_partial<2, 64>(ATT_PASS);
-}
-
-extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)
-    attn_partial_hd80_f32(ATT_ARGS) {
-    grid_dep_begin();
-    attn_partial<3, 80>(ATT_PASS);
-}
-
-extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)
-    attn_partial_hd96_f32(ATT_ARGS) {
-    grid_dep_begin();
-    attn_partial<3, 96>(ATT_PASS);
-}
-
-extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)
-    attn_partial_hd128_f32(ATT_ARGS) {
-    grid_dep_begin();
-    attn_partial<4, 128>(ATT_PASS);
-}
-
-extern "C" __global__ void __launch_bounds__(32 * ATT_MAXW)
-    attn_partial_hd256_f32(ATT_ARGS) {
-    grid_dep_begin();
-    attn_partial<8, 256>(ATT_PASS);
-}
+ATT_PARTIAL_KERNEL(1, 16)
+ATT_PARTIAL_KERNEL(1, 32)
+ATT_PARTIAL_KERNEL(2, 64)
+ATT_PARTIAL_KERNEL(3, 80)
+ATT_PARTIAL_KERNEL(3, 96)
+ATT_PARTIAL_KERNEL(4, 128)
+ATT_PARTIAL_KERNEL(8, 256)
 
 // Kernel 2 (see the header): one block of hd threads per (row, head).
 extern "C" __global__ void attn_combine_f32(const float* __restrict__ part_acc,

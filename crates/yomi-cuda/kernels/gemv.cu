@@ -8,7 +8,7 @@
 // x, W 16-byte aligned (whole device allocations are).
 //
 // Work split: a warp owns R consecutive output rows; lane l takes the 16-byte chunks c ≡ l (mod 32)
-// of each of its rows (8 bf16/f16 or 4 f32 elements). A chunk is loaded once (streaming load; U
+// of each of its rows (8 f16 or 4 f32 elements). A chunk is loaded once (streaming load; U
 // chunks per row in flight before the first use), converted to f32 in registers and multiplied
 // with the matching x chunk of every row t < T (float4 loads through L1, which every warp of the
 // multiprocessor shares). The accumulators acc[R][TM] are f32 registers; at the end each
@@ -21,19 +21,14 @@
 
 #define GEMV_WARPS 8
 
-// 16 bytes of weights → EPC f32 values (WT: 0 = f32, 1 = bf16, 2 = f16).
+// 16 bytes of weights → EPC f32 values (WT: 0 = f32, 2 = f16; bf16 matrices have only the
+// tensor-core kernel below).
 template <int WT>
 __device__ __forceinline__ void unpack16(const uint4 v, float* f) {
     const u32 w[4] = {v.x, v.y, v.z, v.w};
     if (WT == 0) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) f[i] = __uint_as_float(w[i]);
-    } else if (WT == 1) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            f[2 * i] = __uint_as_float(w[i] << 16);
-            f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-        }
     } else {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {

@@ -88,6 +88,22 @@ extern "C" __global__ void sigmoid_mul_f32(float* __restrict__ o, const float* _
 }
 
 // ---------------------------------------------------------------------------------------------
+// g and β of value i = t·Hv + h (see gdn_gate_beta_f32 below): shared by that kernel and the
+// g/β block of gdn_split_qkv_f32, so both compute them with the same operations.
+__device__ __forceinline__ void gdn_gate_beta_one(const float* __restrict__ braw,
+                                                  const float* __restrict__ araw,
+                                                  const float* __restrict__ neg_exp_a,
+                                                  const float* __restrict__ dt_bias,
+                                                  float* __restrict__ g, float* __restrict__ beta,
+                                                  int i, int hv, long long ab_stride) {
+    const int h = i % hv;
+    const long long src = (long long)(i / hv) * ab_stride + h;
+    beta[i] = 1.0f / (1.0f + expf(-braw[src]));
+    const float x = araw[src] + dt_bias[h];
+    const float sp = x > 20.0f ? x : log1pf(expf(x));
+    g[i] = neg_exp_a[h] * sp;
+}
+
 // Gated DeltaNet input preparation from the conv output mc [T, C], C = 2·Hk·dk + Hv·dv laid out
 // per row as [q | k | v]:
 //   q[t, h, :] = mc_q / sqrt(Σ mc_q² + eps) · qscale     (l2 norm per key head, then dk^−½)
@@ -115,14 +131,8 @@ extern "C" __global__ void gdn_split_qkv_f32(const float* __restrict__ mc, float
     if (y == gridDim.y - 1 && braw) {
         // The last block of a row, when asked: that row's decay and write strength, the same
         // operations as gdn_gate_beta_f32 (one launch fewer per GDN layer).
-        for (int h = threadIdx.x; h < hv; h += blockDim.x) {
-            const long long src = (long long)t * ab_stride + h;
-            const int i = t * hv + h;
-            beta[i] = 1.0f / (1.0f + expf(-braw[src]));
-            const float xa = araw[src] + dt_bias[h];
-            const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
-            g[i] = neg_exp_a[h] * sp;
-        }
+        for (int h = threadIdx.x; h < hv; h += blockDim.x)
+            gdn_gate_beta_one(braw, araw, neg_exp_a, dt_bias, g, beta, t * hv + h, hv, ab_stride);
         return;
     }
     if (y < 2 * hk) {
@@ -156,13 +166,7 @@ extern "C" __global__ void gdn_gate_beta_f32(const float* __restrict__ braw,
                                              int n, int hv, long long ab_stride) {
     grid_dep_begin();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const int h = i % hv;
-    const long long src = (long long)(i / hv) * ab_stride + h;
-    beta[i] = 1.0f / (1.0f + expf(-braw[src]));
-    const float x = araw[src] + dt_bias[h];
-    const float sp = x > 20.0f ? x : log1pf(expf(x));
-    g[i] = neg_exp_a[h] * sp;
+    if (i < n) gdn_gate_beta_one(braw, araw, neg_exp_a, dt_bias, g, beta, i, hv, ab_stride);
 }
 
 // Gated RMSNorm of the GDN output, per head of n values (rows = T·Hv):

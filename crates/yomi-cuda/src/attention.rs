@@ -433,9 +433,7 @@ impl CudaDevice {
             }
             // SAFETY: argument types match `attn_partial_hd*_f32`; lengths checked above, and the
             // scratch holds T·H·splits partials (check_attention).
-            unsafe { b.launch(cfg_p) }
-                .map(|_| ())
-                .map_err(launch_err(&pname))?;
+            unsafe { b.launch(cfg_p) }.map_err(launch_err(&pname))?;
             let gp = gate.map_or(0, |g| dptr(g, st));
             let mut b = self.launch(&fc);
             b.arg(&scratch.acc)
@@ -445,9 +443,7 @@ impl CudaDevice {
                 .arg(&hd_i)
                 .arg(&gp);
             // SAFETY: argument types match `attn_combine_f32`; out is [T, H, hd].
-            unsafe { b.launch(cfg_c) }
-                .map(|_| ())
-                .map_err(launch_err("attn_combine_f32"))
+            unsafe { b.launch(cfg_c) }.map_err(launch_err("attn_combine_f32"))
         })
     }
 }

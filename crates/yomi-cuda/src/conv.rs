@@ -146,9 +146,7 @@ impl CudaDevice {
                 .arg(&k_i)
                 .arg(&ms);
             // SAFETY: argument types match `conv1d_tree_f32`; lengths checked above.
-            unsafe { b.launch(cfg) }
-                .map(|_| ())
-                .map_err(launch_err("conv1d_tree_f32"))
+            unsafe { b.launch(cfg) }.map_err(launch_err("conv1d_tree_f32"))
         })
     }
 }

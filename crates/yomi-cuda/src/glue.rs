@@ -97,9 +97,7 @@ impl CudaDevice {
             let mut b = self.launch(&f);
             b.arg(&tp).arg(&ip).arg(&op).arg(&h);
             // SAFETY: argument types match the embed kernels; lengths checked above.
-            unsafe { b.launch(cfg) }
-                .map(|_| ())
-                .map_err(launch_err(name))
+            unsafe { b.launch(cfg) }.map_err(launch_err(name))
         })
     }
 
@@ -127,9 +125,7 @@ impl CudaDevice {
             let mut b = self.launch(&f);
             b.arg(raw).arg(&mut dst).arg(&n_i).arg(&k_i);
             // SAFETY: argument types match `pack_bf16_tiles`; dst holds the padded layout.
-            unsafe { b.launch(grid_1d((len / 8) as u64)) }
-                .map(|_| ())
-                .map_err(launch_err("pack_bf16_tiles"))
+            unsafe { b.launch(grid_1d((len / 8) as u64)) }.map_err(launch_err("pack_bf16_tiles"))
         })?;
         Ok(dst)
     }
@@ -252,9 +248,7 @@ impl CudaDevice {
             b.arg(&eps);
             // SAFETY: argument types match `attn_prep_f32`; every source holds T strided rows,
             // q/gate hold [T, H, hd], and K/V rows past the cache are dropped by the kernel.
-            unsafe { b.launch(cfg) }
-                .map(|_| ())
-                .map_err(launch_err("attn_prep_f32"))
+            unsafe { b.launch(cfg) }.map_err(launch_err("attn_prep_f32"))
         })
     }
 
@@ -281,9 +275,7 @@ impl CudaDevice {
             let mut b = self.launch(&f);
             b.arg(&yp).arg(&xp).arg(&n);
             // SAFETY: argument types match `add_f32`; lengths checked.
-            unsafe { b.launch(grid_1d(n as u64)) }
-                .map(|_| ())
-                .map_err(launch_err("add_f32"))
+            unsafe { b.launch(grid_1d(n as u64)) }.map_err(launch_err("add_f32"))
         })
     }
 
@@ -315,9 +307,7 @@ impl CudaDevice {
             let mut b = self.launch(&f);
             b.arg(&fp).arg(&qp).arg(&gp).arg(&n).arg(&hd_i);
             // SAFETY: argument types match `split_q_gate_f32`; lengths checked.
-            unsafe { b.launch(grid_1d(n as u64)) }
-                .map(|_| ())
-                .map_err(launch_err("split_q_gate_f32"))
+            unsafe { b.launch(grid_1d(n as u64)) }.map_err(launch_err("split_q_gate_f32"))
         })
     }
 
@@ -344,9 +334,7 @@ impl CudaDevice {
             let mut b = self.launch(&f);
             b.arg(&op).arg(&gp).arg(&n);
             // SAFETY: argument types match `sigmoid_mul_f32`; lengths checked.
-            unsafe { b.launch(grid_1d(n as u64)) }
-                .map(|_| ())
-                .map_err(launch_err("sigmoid_mul_f32"))
+            unsafe { b.launch(grid_1d(n as u64)) }.map_err(launch_err("sigmoid_mul_f32"))
         })
     }
 
@@ -463,9 +451,7 @@ impl CudaDevice {
                 .arg(&hv_i);
             // SAFETY: argument types match `gdn_split_qkv_f32`; shapes checked, and the g/β
             // block runs only with all of its pointers set.
-            unsafe { b.launch(cfg) }
-                .map(|_| ())
-                .map_err(launch_err("gdn_split_qkv_f32"))
+            unsafe { b.launch(cfg) }.map_err(launch_err("gdn_split_qkv_f32"))
         })
     }
 
@@ -538,9 +524,7 @@ impl CudaDevice {
                 .arg(&hv_i)
                 .arg(&s_i);
             // SAFETY: argument types match `gdn_gate_beta_f32`; lengths checked.
-            unsafe { b.launch(grid_1d(n as u64)) }
-                .map(|_| ())
-                .map_err(launch_err("gdn_gate_beta_f32"))
+            unsafe { b.launch(grid_1d(n as u64)) }.map_err(launch_err("gdn_gate_beta_f32"))
         })
     }
 
@@ -611,9 +595,7 @@ impl CudaDevice {
                 .arg(&h_i)
                 .arg(&zs);
             // SAFETY: argument types match `rms_norm_gated_f32`; lengths checked.
-            unsafe { b.launch(cfg) }
-                .map(|_| ())
-                .map_err(launch_err("rms_norm_gated_f32"))
+            unsafe { b.launch(cfg) }.map_err(launch_err("rms_norm_gated_f32"))
         })
     }
 
@@ -649,9 +631,7 @@ impl CudaDevice {
             let mut b = self.launch(&f);
             b.arg(&sp).arg(&dp).arg(&ip).arg(&len_i);
             // SAFETY: argument types match `gather_rows_f32`; lengths checked.
-            unsafe { b.launch(cfg) }
-                .map(|_| ())
-                .map_err(launch_err("gather_rows_f32"))
+            unsafe { b.launch(cfg) }.map_err(launch_err("gather_rows_f32"))
         })
     }
 
@@ -691,9 +671,7 @@ impl CudaDevice {
                 .arg(&s_i)
                 .arg(&cap_i);
             // SAFETY: argument types match `kv_store_f32`; rows past the cache are dropped.
-            unsafe { b.launch(grid_1d((t * stride) as u64)) }
-                .map(|_| ())
-                .map_err(launch_err("kv_store_f32"))
+            unsafe { b.launch(grid_1d((t * stride) as u64)) }.map_err(launch_err("kv_store_f32"))
         })
     }
 
@@ -743,9 +721,7 @@ impl CudaDevice {
             }
             // SAFETY: argument types match `split_cols_f32`; every piece fits its destination
             // and the source's columns (checked above); unused pieces are null.
-            unsafe { b.launch(grid_1d((n * total) as u64)) }
-                .map(|_| ())
-                .map_err(launch_err("split_cols_f32"))
+            unsafe { b.launch(grid_1d((n * total) as u64)) }.map_err(launch_err("split_cols_f32"))
         })
     }
 
@@ -775,9 +751,7 @@ impl CudaDevice {
             let mut b = self.launch(&f);
             b.arg(&gp).arg(&op).arg(&n_i).arg(&i_i);
             // SAFETY: argument types match `swiglu_pair_f32`; lengths checked.
-            unsafe { b.launch(grid_1d((n * inter) as u64)) }
-                .map(|_| ())
-                .map_err(launch_err("swiglu_pair_f32"))
+            unsafe { b.launch(grid_1d((n * inter) as u64)) }.map_err(launch_err("swiglu_pair_f32"))
         })
     }
 
@@ -815,9 +789,7 @@ impl CudaDevice {
             let mut b = self.launch(&f);
             b.arg(&hp).arg(&yp).arg(w).arg(&xp).arg(&n_i).arg(&eps);
             // SAFETY: argument types match `add_rms_norm_f32`; lengths checked.
-            unsafe { b.launch(cfg) }
-                .map(|_| ())
-                .map_err(launch_err("add_rms_norm_f32"))
+            unsafe { b.launch(cfg) }.map_err(launch_err("add_rms_norm_f32"))
         })
     }
 }

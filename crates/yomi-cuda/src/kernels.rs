@@ -362,6 +362,7 @@ mod tests {
                     || src.contains(&format!("void\n    {k}("))
                     || src.contains(&format!("    {k}("))
                     || gemv_macro_defines(src, &k)
+                    || attn_macro_defines(src, &k)
                     || crate::quant::macro_defines(src, &k);
                 assert!(defined, "kernel {k} not found in {}.cu", m.name());
             }
@@ -403,6 +404,17 @@ mod tests {
             }
         }
         assert!(kernels >= 30, "only {kernels} kernels found");
+    }
+
+    /// `attn_partial_hd<HD>_f32` is stamped out by `ATT_PARTIAL_KERNEL(HC, HD)`.
+    fn attn_macro_defines(src: &str, name: &str) -> bool {
+        name.strip_prefix("attn_partial_hd")
+            .and_then(|r| r.strip_suffix("_f32"))
+            .is_some_and(|hd| {
+                src.lines().any(|l| {
+                    l.starts_with("ATT_PARTIAL_KERNEL(") && l.ends_with(&format!(", {hd})"))
+                })
+            })
     }
 
     /// The GEMV kernels are stamped out by macros: `gemv_<dtype>_t<T>_r<R>_u<U>` and

@@ -498,9 +498,7 @@ impl CudaDevice {
             b.arg(&xp).arg(w).arg(&yp).arg(&n_i).arg(&eps);
             // SAFETY: argument types match `rms_norm_f32`; x (and y when not null) hold `len`
             // values, checked by the callers.
-            unsafe { b.launch(cfg) }
-                .map(|_| ())
-                .map_err(launch_err("rms_norm_f32"))
+            unsafe { b.launch(cfg) }.map_err(launch_err("rms_norm_f32"))
         })
     }
 
@@ -597,9 +595,7 @@ impl CudaDevice {
             };
             b.arg(&op).arg(&n_i).arg(&k_i).arg(&t_i);
             // SAFETY: argument types match the gemv kernels; lengths and K alignment checked.
-            unsafe { b.launch(cfg) }
-                .map(|_| ())
-                .map_err(launch_err(&name))
+            unsafe { b.launch(cfg) }.map_err(launch_err(&name))
         })
     }
 
@@ -631,9 +627,7 @@ impl CudaDevice {
             let mut b = self.launch(&f);
             b.arg(&gp).arg(&up).arg(&n);
             // SAFETY: argument types match `swiglu_f32`; lengths checked.
-            unsafe { b.launch(cfg) }
-                .map(|_| ())
-                .map_err(launch_err("swiglu_f32"))
+            unsafe { b.launch(cfg) }.map_err(launch_err("swiglu_f32"))
         })
     }
 
@@ -695,9 +689,7 @@ impl CudaDevice {
                 b.arg(a);
             }
             // SAFETY: argument types match `rope_neox_f32`; lengths checked.
-            unsafe { b.launch(cfg) }
-                .map(|_| ())
-                .map_err(launch_err("rope_neox_f32"))
+            unsafe { b.launch(cfg) }.map_err(launch_err("rope_neox_f32"))
         })
     }
 
@@ -747,9 +739,7 @@ impl CudaDevice {
                 b.arg(a);
             }
             // SAFETY: argument types match `gdn_decode_f32`; shapes checked.
-            unsafe { b.launch(cfg) }
-                .map(|_| ())
-                .map_err(launch_err("gdn_decode_f32"))
+            unsafe { b.launch(cfg) }.map_err(launch_err("gdn_decode_f32"))
         })
     }
 
@@ -829,9 +819,7 @@ impl CudaDevice {
                 b.arg(a);
             }
             // SAFETY: argument types match `gdn_tree_verify_f32`; shapes checked.
-            unsafe { b.launch(cfg) }
-                .map(|_| ())
-                .map_err(launch_err("gdn_tree_verify_f32"))
+            unsafe { b.launch(cfg) }.map_err(launch_err("gdn_tree_verify_f32"))
         })
     }
 }

@@ -517,9 +517,7 @@ impl CudaDevice {
             b.arg(&op).arg(&n_i).arg(&k_i).arg(&t_i);
             // SAFETY: argument types match the gemv_<fmt> kernels; the arrays hold the layout of
             // a [rows, cols] matrix (built by `pack`), x/out/bias lengths checked by the caller.
-            unsafe { b.launch(cfg) }
-                .map(|_| ())
-                .map_err(|e| CudaError::driver(format!("launch {name}"), e))
+            unsafe { b.launch(cfg) }.map_err(|e| CudaError::driver(format!("launch {name}"), e))
         })
     }
 
@@ -574,9 +572,7 @@ impl CudaDevice {
             b.arg(&ip).arg(&op).arg(&n_i).arg(&k_i);
             // SAFETY: argument types match dequant_rows_<fmt>; out is [n, cols], ids are
             // bounds-checked in the kernel.
-            unsafe { b.launch(cfg) }
-                .map(|_| ())
-                .map_err(|e| CudaError::driver(format!("launch {name}"), e))
+            unsafe { b.launch(cfg) }.map_err(|e| CudaError::driver(format!("launch {name}"), e))
         })
     }
 }

@@ -119,9 +119,7 @@ impl CudaDevice {
                 };
                 // SAFETY: the arguments match the kernel's signature in topk.cu; the buffers
                 // hold `rows` rows of every shape (checked above and at allocation).
-                unsafe { b.launch(cfg) }
-                    .map(|_| ())
-                    .map_err(launch_err(name))
+                unsafe { b.launch(cfg) }.map_err(launch_err(name))
             })
         };
         let cfg = |grid: (u32, u32), threads: u32| LaunchConfig {
