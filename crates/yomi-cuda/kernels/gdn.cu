@@ -3,71 +3,108 @@
 //   S ← e^{g} S;  u = β (v − Sᵀk);  S ← S + k uᵀ;  o = Sᵀq.
 // q and k arrive l2-normed, q also scaled by dk^−½.
 //
-// Both kernels: grid (dv/32, Hv), block (32, 8). Lane = one column d of a tile of 32 columns,
-// warp w = the rows a ∈ [w·dk/8, (w+1)·dk/8) of S, which the thread keeps in registers, so S is
-// read once (and, for decode, written once). Requires dv % 32 == 0 and dk % 8 == 0.
+// Both kernels: grid (dv/32, Hv), a block owns 32 columns d of one head's S and keeps its slice
+// in registers, so S is read once (and, for a step, written once). Requires dv % 32 == 0.
 
 #define GDN_NW 8
 
 // ---------------------------------------------------------------------------------------------
-// One decode step (T = 1), fused, updating S in place (plain decode commits its row at once):
-//   e = e^{g[h]},  u = β (v − e·Sᵀk),  o = e·Sᵀq + (k·q)·u,  S ← e·S + k uᵀ
-// Shapes: q, k [Hk, dk]; v [Hv, dv]; g, beta [Hv]; S [Hv, dk, dv]; o [Hv, dv]; all f32.
-// dk ≤ 256.
-#define GDN_DEC_MAXA 32
+// One step (T = 1) out of place, the decode row of a pass (and, in place, plain decode):
+//   e = e^{g[h]},  u = β (v − e·S_inᵀk),  o = e·S_inᵀq + (k·q)·u,  S_out = e·S_in + k uᵀ,
+// laid out for bandwidth. grid (dv/32, Hv), block 256: thread (rg = tid / 8, cg = tid % 8) holds
+// columns 4cg … 4cg+3 of the block's 32 and rows a = rg + 32i (i < dk/32) as float4s, so a warp
+// load is four 128-byte rows and every value of the slice is in flight at once. Column sums:
+// each thread over its rows in order, then the warp's 4 row groups (xor 8, 16), then the 8 warps
+// in order through shared memory. S_out may be S_in: a thread reads all its values before the
+// barrier and writes only them after it.
+// Shapes: q, k [Hk, dk]; v [Hv, dv]; g, beta [Hv]; S [Hv, dk, dv]; o [Hv, dv]; all f32;
+// dk a multiple of 32, ≤ 256; dv a multiple of 32.
+#define GDN_STEP_MAXR 8
 
-extern "C" __global__ void __launch_bounds__(32 * GDN_NW)
-    gdn_decode_f32(const float* __restrict__ q, const float* __restrict__ k,
-                   const float* __restrict__ v, const float* __restrict__ g,
-                   const float* __restrict__ beta, float* __restrict__ S, float* __restrict__ o,
-                   int hk, int hv, int dk, int dv) {
+extern "C" __global__ void __launch_bounds__(256)
+    gdn_step_f32(const float* __restrict__ q, const float* __restrict__ k,
+                 const float* __restrict__ v, const float* __restrict__ g,
+                 const float* __restrict__ beta, const float* S_in, float* S_out,
+                 float* __restrict__ o, int hk, int hv, int dk, int dv) {
     grid_dep_begin();
-    __shared__ float ks[GDN_DEC_MAXA * GDN_NW], qs[GDN_DEC_MAXA * GDN_NW];
-    __shared__ float part[2][GDN_NW][32];
+    __shared__ float ks[32 * GDN_STEP_MAXR], qs[32 * GDN_STEP_MAXR];
+    __shared__ float part[2][8][32];
+    __shared__ float us[32];
     __shared__ float kq_s;
-    const int lane = threadIdx.x, w = threadIdx.y, tid = w * 32 + lane;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const int rg = tid >> 3, cg = tid & 7;
     const int h = blockIdx.y, kh = h / (hv / hk);
-    const int d = blockIdx.x * 32 + lane;
-    for (int a = tid; a < dk; a += 32 * GDN_NW) {
+    const int R = dk >> 5;
+    const size_t col = (size_t)blockIdx.x * 32 + 4 * cg;
+    const float* Sh = S_in + (size_t)h * dk * dv + col;
+    float4 s[GDN_STEP_MAXR];
+#pragma unroll
+    for (int i = 0; i < GDN_STEP_MAXR; ++i)
+        if (i < R) s[i] = *(const float4*)(Sh + (size_t)(rg + 32 * i) * dv);
+    for (int a = tid; a < dk; a += 256) {
         ks[a] = k[(size_t)kh * dk + a];
         qs[a] = q[(size_t)kh * dk + a];
     }
     __syncthreads();
-    const int per = dk / GDN_NW, a0 = w * per;
-    float* Sh = S + (size_t)h * dk * dv;
-    float s[GDN_DEC_MAXA];
-    float psk = 0.0f, psq = 0.0f;
+    float pk[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pq[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int i = 0; i < GDN_DEC_MAXA; ++i)
-        if (i < per) {
-            const int a = a0 + i;
-            s[i] = Sh[(size_t)a * dv + d];
-            psk = fmaf(s[i], ks[a], psk);
-            psq = fmaf(s[i], qs[a], psq);
+    for (int i = 0; i < GDN_STEP_MAXR; ++i)
+        if (i < R) {
+            const float ka = ks[rg + 32 * i], qa = qs[rg + 32 * i];
+            const float sv[4] = {s[i].x, s[i].y, s[i].z, s[i].w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                pk[e] = fmaf(sv[e], ka, pk[e]);
+                pq[e] = fmaf(sv[e], qa, pq[e]);
+            }
         }
-    part[0][w][lane] = psk;
-    part[1][w][lane] = psq;
-    if (w == 0) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        pk[e] += __shfl_xor_sync(0xffffffffu, pk[e], 8);
+        pk[e] += __shfl_xor_sync(0xffffffffu, pk[e], 16);
+        pq[e] += __shfl_xor_sync(0xffffffffu, pq[e], 8);
+        pq[e] += __shfl_xor_sync(0xffffffffu, pq[e], 16);
+    }
+    if (lane < 8) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            part[0][w][4 * lane + e] = pk[e];
+            part[1][w][4 * lane + e] = pq[e];
+        }
+    }
+    if (w == 7) {
         float p = 0.0f;
         for (int a = lane; a < dk; a += 32) p = fmaf(ks[a], qs[a], p);
         p = warp_sum(p);
         if (lane == 0) kq_s = p;
     }
     __syncthreads();
-    float sk = 0.0f, sq = 0.0f;
+    const float e = expf(g[h]);
+    if (w == 0) {
+        float sk = 0.0f, sq = 0.0f;
 #pragma unroll
-    for (int j = 0; j < GDN_NW; ++j) {
-        sk += part[0][j][lane];
-        sq += part[1][j][lane];
+        for (int j = 0; j < 8; ++j) {
+            sk += part[0][j][lane];
+            sq += part[1][j][lane];
+        }
+        const size_t d = (size_t)blockIdx.x * 32 + lane;
+        const float u = beta[h] * (v[(size_t)h * dv + d] - e * sk);
+        o[(size_t)h * dv + d] = e * sq + kq_s * u;
+        us[lane] = u;
     }
-    const float e = expf(g[h]), b = beta[h];
-    const float u = b * (v[(size_t)h * dv + d] - e * sk);
-    if (w == 0) o[(size_t)h * dv + d] = e * sq + kq_s * u;
+    __syncthreads();
+    const float u4[4] = {us[4 * cg], us[4 * cg + 1], us[4 * cg + 2], us[4 * cg + 3]};
+    float* Dh = S_out + (size_t)h * dk * dv + col;
 #pragma unroll
-    for (int i = 0; i < GDN_DEC_MAXA; ++i)
-        if (i < per) {
-            const int a = a0 + i;
-            Sh[(size_t)a * dv + d] = fmaf(e, s[i], ks[a] * u);
+    for (int i = 0; i < GDN_STEP_MAXR; ++i)
+        if (i < R) {
+            const float ka = ks[rg + 32 * i];
+            float4 r;
+            r.x = fmaf(e, s[i].x, ka * u4[0]);
+            r.y = fmaf(e, s[i].y, ka * u4[1]);
+            r.z = fmaf(e, s[i].z, ka * u4[2]);
+            r.w = fmaf(e, s[i].w, ka * u4[3]);
+            *(float4*)(Dh + (size_t)(rg + 32 * i) * dv) = r;
         }
 }
 

@@ -91,7 +91,7 @@ impl Module {
             Module::Act => vec!["swiglu_f32".into()],
             Module::Rope => vec!["rope_neox_f32".into()],
             Module::Gemv => crate::ops::all_gemv_kernels(),
-            Module::Gdn => vec!["gdn_decode_f32".into(), "gdn_tree_verify_f32".into()],
+            Module::Gdn => vec!["gdn_step_f32".into(), "gdn_tree_verify_f32".into()],
             Module::Glue => [
                 "embed_f32",
                 "embed_bf16",
@@ -406,8 +406,18 @@ mod tests {
         assert!(kernels >= 30, "only {kernels} kernels found");
     }
 
-    /// `attn_partial_hd<HD>_f32` is stamped out by `ATT_PARTIAL_KERNEL(HC, HD)`.
+    /// `attn_partial_hd<HD>_f32` is stamped out by `ATT_PARTIAL_KERNEL(HC, HD)` and
+    /// `attn_mma_hd<HD>_d<DS>_f32` by `ATT_MMA_KERNEL(HD, DS)`.
     fn attn_macro_defines(src: &str, name: &str) -> bool {
+        if let Some((hd, ds)) = name
+            .strip_prefix("attn_mma_hd")
+            .and_then(|r| r.strip_suffix("_f32"))
+            .and_then(|r| r.split_once("_d"))
+        {
+            return src
+                .lines()
+                .any(|l| l == format!("ATT_MMA_KERNEL({hd}, {ds})"));
+        }
         name.strip_prefix("attn_partial_hd")
             .and_then(|r| r.strip_suffix("_f32"))
             .is_some_and(|hd| {

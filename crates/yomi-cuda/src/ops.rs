@@ -695,8 +695,8 @@ impl CudaDevice {
 
     /// One fused GDN decode step (T = 1) that updates `state` [Hv, dk, dv] in place and writes
     /// `out` [Hv, dv]: `u = β(v − e^g Sᵀk)`, `o = e^g Sᵀq + (k·q) u`, `S ← e^g S + k uᵀ`.
-    /// For plain decode, whose row is committed at once; speculative passes use
-    /// [`CudaDevice::gdn_tree_verify`], which leaves S₀ alone. dk ≤ 256, dv a multiple of 32.
+    /// For plain decode, whose row is committed at once. dk a multiple of 32 up to 256, dv a
+    /// multiple of 32.
     pub fn gdn_decode_step(
         &self,
         shape: GdnShape,
@@ -704,17 +704,59 @@ impl CudaDevice {
         state: &mut impl DevicePtrMut<f32>,
         out: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
+        let sp = dptr_mut(state, self.stream());
+        self.gdn_step_launch(shape, rows, state.len(), sp, sp, out)
+    }
+
+    /// [`CudaDevice::gdn_decode_step`] out of place: reads `s0`, writes the state after the row
+    /// into `next` (the one-row pass of a speculative or decode step, which leaves S₀ alone;
+    /// equal to a one-row [`CudaDevice::gdn_tree_verify`] with a final state up to f32
+    /// rounding).
+    pub fn gdn_step(
+        &self,
+        shape: GdnShape,
+        rows: &GdnDeviceRows,
+        s0: &impl DevicePtr<f32>,
+        next: &mut impl DevicePtrMut<f32>,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        ensure!(
+            next.len() == s0.len(),
+            "gdn: the next state must be as long as s0"
+        );
+        let (sp, np) = (dptr(s0, self.stream()), dptr_mut(next, self.stream()));
+        self.gdn_step_launch(shape, rows, s0.len(), sp, np, out)
+    }
+
+    fn gdn_step_launch(
+        &self,
+        shape: GdnShape,
+        rows: &GdnDeviceRows,
+        state_len: usize,
+        s_in: u64,
+        s_out: u64,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
         check_gdn_shape(shape, 256)?;
+        ensure!(
+            shape.dk.is_multiple_of(32),
+            "gdn step: dk = {} must be a multiple of 32",
+            shape.dk
+        );
         rows.check(1, shape)?;
         ensure!(
-            state.len() == shape.state_len(),
+            state_len == shape.state_len(),
             "gdn: state must be [Hv, dk, dv]"
         );
         ensure!(
             out.len() == shape.hv * shape.dv,
             "gdn: out must be [Hv, dv]"
         );
-        let f = self.func(Module::Gdn, "gdn_decode_f32")?;
+        ensure!(
+            s_in.is_multiple_of(16) && s_out.is_multiple_of(16),
+            "gdn step: states must start 16-byte aligned (the kernel moves them in 16-byte pieces)"
+        );
+        let f = self.func(Module::Gdn, "gdn_step_f32")?;
         let dims = [
             as_i32(shape.hk, "hk")?,
             as_i32(shape.hv, "hv")?,
@@ -723,23 +765,24 @@ impl CudaDevice {
         ];
         let cfg = LaunchConfig {
             grid_dim: ((shape.dv / 32) as u32, shape.hv as u32, 1),
-            block_dim: (32, 8, 1),
+            block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        guard("gdn_decode", || {
+        guard("gdn_step", || {
             let st = self.stream();
             let rp = rows.ptrs(st);
-            let (sp, op) = (dptr_mut(state, st), dptr_mut(out, st));
+            let op = dptr_mut(out, st);
             let mut b = self.launch(&f);
             for p in &rp {
                 b.arg(p);
             }
-            b.arg(&sp).arg(&op);
+            b.arg(&s_in).arg(&s_out).arg(&op);
             for a in &dims {
                 b.arg(a);
             }
-            // SAFETY: argument types match `gdn_decode_f32`; shapes checked.
-            unsafe { b.launch(cfg) }.map_err(launch_err("gdn_decode_f32"))
+            // SAFETY: argument types match `gdn_step_f32` (the states as device addresses);
+            // shapes checked.
+            unsafe { b.launch(cfg) }.map_err(launch_err("gdn_step_f32"))
         })
     }
 

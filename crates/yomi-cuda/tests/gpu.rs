@@ -415,6 +415,56 @@ fn gdn_decode_steps_match_cpu() {
     }
 }
 
+/// The out-of-place step (what a one-row pass runs) against a one-row tree verify with its final
+/// state, the CPU twin and f64; S₀ must stay unchanged.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gdn_step_matches_one_row_verify() {
+    let d = dev();
+    for (s, seed) in [
+        (GDN, 5u64),
+        (
+            GdnShape {
+                hk: 2,
+                hv: 4,
+                dk: 64,
+                dv: 32,
+            },
+            6,
+        ),
+    ] {
+        let x = GdnIn::new(1, s, seed);
+        let chain = TreeBatch::chain(1);
+        let (want_o, want_s) = cgdn::gdn_reference(&x.rows(), &x.s0, &chain, s);
+        let (twin_o, twin_s) = cpu_tree(&x, &chain, s);
+        let rows = GdnDev::upload(&d, &x, s, 0, 1);
+        let s0 = d.upload(&x.s0).unwrap();
+        let mut next = poisoned(&d, s.state_len());
+        let mut o = poisoned(&d, s.hv * s.dv);
+        d.gdn_step(s, &rows.rows(), &s0, &mut next, &mut o).unwrap();
+        let (got_o, got_s) = (d.download(&o).unwrap(), d.download(&next).unwrap());
+        assert_eq!(d.download(&s0).unwrap(), x.s0, "S₀ was written");
+        let pd = d.upload(&[-1i32]).unwrap();
+        let mut vo = poisoned(&d, s.hv * s.dv);
+        let mut vfin = poisoned(&d, s.state_len());
+        d.gdn_tree_verify(s, 1, &rows.rows(), &pd, &s0, &mut vo, Some(&mut vfin))
+            .unwrap();
+        let (ver_o, ver_s) = (d.download(&vo).unwrap(), d.download(&vfin).unwrap());
+        for (what, got, want) in [
+            ("o vs verify", &got_o, &ver_o),
+            ("S vs verify", &got_s, &ver_s),
+            ("o vs twin", &got_o, &twin_o),
+            ("S vs twin", &got_s, &twin_s),
+            ("o vs f64", &got_o, &want_o),
+            ("S vs f64", &got_s, &want_s),
+        ] {
+            let e = compare(got, want);
+            report("gdn_step", &format!("{s:?} {what}"), &e);
+            assert!(e.max_abs <= 5e-6, "{what}: max |Δ| {}", e.max_abs);
+        }
+    }
+}
+
 fn random_tree(t: usize, seed: u64) -> Vec<i32> {
     let mut r = Rng::new(seed);
     (0..t)
@@ -605,6 +655,16 @@ fn z_gdn_timing() {
     let mut fins: Vec<CudaSlice<f32>> = (0..layers)
         .map(|_| d.alloc_zeros::<f32>(s.state_len()).unwrap())
         .collect();
+    let per = time_ms(&d, 3, 30, || {
+        for (st, fin) in states.iter().zip(fins.iter_mut()) {
+            d.gdn_step(s, &one.rows(), st, fin, &mut o).unwrap();
+        }
+    }) / layers as f64;
+    println!(
+        "RESULT gdn_step (out of place) 16/32 heads of 128: {:.2} µs per layer, {:.0} GB/s (state read + write)",
+        per * 1e3,
+        2.0 * sbytes / (per * 1e-3) / 1e9
+    );
     for t in [1usize, 4, 16, 32] {
         let rows = GdnDev::upload(&d, &x, s, 0, t);
         let parents: Vec<i32> = (0..t as i32).map(|i| i - 1).collect();
