@@ -13,7 +13,8 @@ use common::{Rng, dev, poisoned};
 use yomi_cpu::activation::{sigmoid, softplus, swiglu};
 use yomi_cpu::norm::{l2_norm_inplace, rms_norm, rms_norm_gated_inplace};
 use yomi_cuda::{
-    DeviceMatrix, GemvKernel, WeightDtype, bf16_tile_index, bf16_tiles_len, gemv_variant, tc_warps,
+    DeviceMatrix, GateUpMatrix, GemvKernel, WeightDtype, bf16_tile_index, bf16_tiles_len,
+    gemv_variant, tc_warps,
 };
 
 /// max|gpu − cpu| and max|cpu|, after checking every GPU value is finite.
@@ -869,4 +870,71 @@ fn gdn_split_with_gate_matches_the_two_launches() {
         }
         println!("RESULT glue gdn_split_qkv + g/β in one launch T={t}: bit-identical");
     }
+}
+
+/// The tensor-core GEMV with the SwiGLU epilogue over the interleaved gate|up matrix gives
+/// exactly what `linear` over the stacked [gate; up] matrix followed by `swiglu_pair` gives: at
+/// Qwen3.5-9B's MLP (I = 12288, K = 4096) and at a small odd shape with a bias (I = 40: five
+/// tiles, so a block of two m-tiles ends in a padding tile; K = 72: not whole 32-wide slabs),
+/// T = 1, 4, 16, 32 (every n-tile count).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn linear_swiglu_matches_linear_then_swiglu_pair() {
+    let d = dev();
+    let mut r = Rng::new(71);
+    let to_bf16 = |v: &[f32]| -> Vec<u16> {
+        v.iter()
+            .map(|x| half::bf16::from_f32(*x).to_bits())
+            .collect()
+    };
+    for (inter, k, with_bias) in [(12288usize, 4096usize, false), (40, 72, true)] {
+        let gate = to_bf16(&r.vec(inter * k, 0.05));
+        let up = to_bf16(&r.vec(inter * k, 0.05));
+        let stacked = DeviceMatrix::from_half_bits(
+            &d,
+            2 * inter,
+            k,
+            WeightDtype::Bf16,
+            &[gate.as_slice(), up.as_slice()].concat(),
+        )
+        .unwrap();
+        let gu = GateUpMatrix::from_bf16_bits(&d, inter, k, &gate, &up).unwrap();
+        let bias = with_bias.then(|| d.upload(&r.vec(2 * inter, 0.5)).unwrap());
+        for t in [1usize, 4, 16, 32] {
+            let x = d.upload(&r.vec(t * k, 1.0)).unwrap();
+            let mut proj = poisoned(&d, t * 2 * inter);
+            let mut want = poisoned(&d, t * inter);
+            d.linear(&x, t, &stacked, bias.as_ref(), &mut proj).unwrap();
+            d.swiglu_pair(&proj, t, inter, &mut want).unwrap();
+            let mut got = poisoned(&d, t * inter);
+            d.linear_swiglu(&x, t, &gu, bias.as_ref(), &mut got)
+                .unwrap();
+            let (got, want) = (d.download(&got).unwrap(), d.download(&want).unwrap());
+            assert!(
+                got.iter().all(|v| v.is_finite()),
+                "I={inter} T={t}: unwritten output"
+            );
+            let bad = got
+                .iter()
+                .zip(&want)
+                .position(|(a, b)| a.to_bits() != b.to_bits());
+            assert!(
+                bad.is_none(),
+                "I={inter} K={k} T={t}: first difference at {:?} ({} vs {})",
+                bad.map(|i| (i / inter, i % inter)),
+                got[bad.unwrap()],
+                want[bad.unwrap()]
+            );
+            println!(
+                "RESULT glue linear_swiglu I={inter} K={k} bias {with_bias} T={t}: bit-identical to linear + swiglu_pair"
+            );
+        }
+    }
+    // The interleaved matrix only goes through linear_swiglu: a bias of the wrong length and
+    // an intermediate size that is not a multiple of 8 are errors.
+    let gu = GateUpMatrix::from_bf16_bits(&d, 8, 8, &[0; 64], &[0; 64]).unwrap();
+    let (x, mut out) = (poisoned(&d, 8), poisoned(&d, 8));
+    let short = d.upload(&[0.0f32; 8]).unwrap();
+    assert!(d.linear_swiglu(&x, 1, &gu, Some(&short), &mut out).is_err());
+    assert!(GateUpMatrix::from_bf16_bits(&d, 12, 8, &[0; 96], &[0; 96]).is_err());
 }

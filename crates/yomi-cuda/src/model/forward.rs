@@ -16,7 +16,7 @@ use yomi_models::LogitRows;
 
 use super::CudaModel;
 use super::state::{CudaState, DevLayerState, MAX_ROWS};
-use super::weights::{DevAttn, DevGdn, DevMixer, Proj};
+use super::weights::{DevAttn, DevGdn, DevMixer, GateUp, Proj};
 use crate::attention::AttnDims;
 use crate::ops::GdnDeviceRows;
 use crate::topk::{TOPK_ROW_WORDS, unpack_top};
@@ -340,7 +340,14 @@ impl CudaModel {
             let i_sz = cfg.intermediate_size;
             let x = b.x.slice(0..n * h_sz);
             match &layer.gate_up {
-                Proj::Fused { w: gu, .. } => {
+                GateUp::Swiglu(gu) => {
+                    if gu.inter != i_sz {
+                        bail!("gate|up of {} columns, not {i_sz}", gu.inter);
+                    }
+                    // GEMV with the SwiGLU epilogue: mlp_g directly, no [n, 2I] round trip.
+                    dev.linear_swiglu(&x, n, gu, None, &mut b.mlp_g.slice_mut(0..n * i_sz))?;
+                }
+                GateUp::Proj(Proj::Fused { w: gu, .. }) => {
                     dev.linear(&x, n, gu, None, &mut b.proj.slice_mut(0..n * 2 * i_sz))?;
                     dev.swiglu_pair(
                         &b.proj.slice(0..n * 2 * i_sz),
@@ -349,7 +356,7 @@ impl CudaModel {
                         &mut b.mlp_g.slice_mut(0..n * i_sz),
                     )?;
                 }
-                Proj::Split(parts) => {
+                GateUp::Proj(Proj::Split(parts)) => {
                     dev.linear(
                         &x,
                         n,
