@@ -101,6 +101,7 @@ impl Module {
                 "split_q_gate_f32",
                 "sigmoid_mul_f32",
                 "gdn_split_qkv_f32",
+                "gdn_conv_split_qkv_f32",
                 "gdn_gate_beta_f32",
                 "rms_norm_gated_f32",
                 "gather_rows_f32",

@@ -29,7 +29,7 @@ mod conv;
 mod device;
 mod error;
 mod glue;
-pub use glue::{AttnPrepSources, GdnGateArgs};
+pub use glue::{AttnPrepSources, GdnConvArgs, GdnGateArgs};
 pub mod kernels;
 mod launch;
 pub mod model;

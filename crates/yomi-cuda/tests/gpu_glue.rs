@@ -938,3 +938,142 @@ fn linear_swiglu_matches_linear_then_swiglu_pair() {
     assert!(d.linear_swiglu(&x, 1, &gu, Some(&short), &mut out).is_err());
     assert!(GateUpMatrix::from_bf16_bits(&d, 12, 8, &[0; 96], &[0; 96]).is_err());
 }
+
+/// The causal conv folded into the q/k/v split (+ g/β) gives exactly what the two launches it
+/// replaces give (conv1d_tree_strided into a [T, C] buffer, then gdn_split_qkv_gate on it): q,
+/// k, v, g, β and every row's conv window, bit for bit. Qwen3.5-9B's GDN (16 key heads × 128,
+/// 32 value heads × 128, conv width 4), the pre-conv rows read in place from a fused
+/// projection's output: T = 1 and a 16-row chain from the committed window; a 16-row tree whose
+/// rows leave the pass at different depths (so their windows mix pass rows and state rows);
+/// and T = 1 and 16 as a later sub-pass of a chain, from the window carried out of a 32-row
+/// sub-pass.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gdn_conv_folded_into_split_matches_the_two_launches() {
+    use yomi_cuda::{GdnConvArgs, GdnGateArgs};
+    let d = dev();
+    let mut r = Rng::new(83);
+    let (hk, dk, hv, dv, kc) = (16usize, 128usize, 32usize, 128usize, 4usize);
+    let (kd, vd) = (hk * dk, hv * dv);
+    let c = 2 * kd + vd;
+    let total = c + vd + 2 * hv;
+    let wl = (kc - 1) * c;
+    let state0 = d.upload(&r.vec(wl, 1.0)).unwrap();
+    let cw = d.upload(&r.vec(c * kc, 0.5)).unwrap();
+    let nea = d.upload(&r.vec(hv, 1.0)).unwrap();
+    let dtb = d.upload(&r.vec(hv, 1.0)).unwrap();
+    let bits = |v: &cudarc::driver::CudaSlice<f32>| -> Vec<u32> {
+        let x = d.download(v).unwrap();
+        assert!(x.iter().all(|v| v.is_finite()), "unwritten output");
+        x.iter().map(|x| x.to_bits()).collect()
+    };
+    // One pass both ways from `state`; returns the reference's windows (for a carry).
+    let run = |what: &str,
+               parents: &[i32],
+               state: &cudarc::driver::CudaSlice<f32>,
+               r: &mut Rng|
+     -> cudarc::driver::CudaSlice<f32> {
+        let t = parents.len();
+        let proj = d.upload(&r.vec(t * total, 1.5)).unwrap();
+        let span = |off: usize, w: usize| off..off + (t - 1) * total + w;
+        let (mv, bv, av) = (
+            proj.slice(span(0, c)),
+            proj.slice(span(c + vd, hv)),
+            proj.slice(span(c + vd + hv, hv)),
+        );
+        let pd = d.upload(parents).unwrap();
+        let outs = || {
+            (
+                poisoned(&d, t * kd),
+                poisoned(&d, t * kd),
+                poisoned(&d, t * vd),
+                poisoned(&d, t * hv),
+                poisoned(&d, t * hv),
+                poisoned(&d, t * wl),
+            )
+        };
+        let (mut q1, mut k1, mut v1, mut g1, mut b1, mut w1) = outs();
+        let mut mc = poisoned(&d, t * c);
+        d.conv1d_tree_strided(&mv, c, total, kc, state, &cw, &pd, t, &mut mc, &mut w1)
+            .unwrap();
+        d.gdn_split_qkv_gate(
+            &mc,
+            t,
+            hk,
+            dk,
+            vd,
+            0.088,
+            1e-6,
+            &mut q1,
+            &mut k1,
+            &mut v1,
+            Some(GdnGateArgs {
+                braw: &bv,
+                araw: &av,
+                stride: total,
+                neg_exp_a: &nea,
+                dt_bias: &dtb,
+                g: &mut g1,
+                beta: &mut b1,
+            }),
+        )
+        .unwrap();
+        let (mut q2, mut k2, mut v2, mut g2, mut b2, mut w2) = outs();
+        d.gdn_conv_split_qkv_gate(
+            GdnConvArgs {
+                m: &mv,
+                m_stride: total,
+                kernel: kc,
+                state,
+                w: &cw,
+                parents: &pd,
+                windows: &mut w2,
+            },
+            t,
+            hk,
+            dk,
+            vd,
+            0.088,
+            1e-6,
+            &mut q2,
+            &mut k2,
+            &mut v2,
+            Some(GdnGateArgs {
+                braw: &bv,
+                araw: &av,
+                stride: total,
+                neg_exp_a: &nea,
+                dt_bias: &dtb,
+                g: &mut g2,
+                beta: &mut b2,
+            }),
+        )
+        .unwrap();
+        for (name, a, b) in [
+            ("q", &q1, &q2),
+            ("k", &k1, &k2),
+            ("v", &v1, &v2),
+            ("g", &g1, &g2),
+            ("beta", &b1, &b2),
+            ("windows", &w1, &w2),
+        ] {
+            assert!(bits(a) == bits(b), "{what}: {name} differs");
+        }
+        println!("RESULT glue gdn conv folded into the split, {what}: bit-identical");
+        w1
+    };
+    let chain = |t: usize| -> Vec<i32> { (0..t as i32).map(|i| i - 1).collect() };
+    run("T=1 from the committed window", &chain(1), &state0, &mut r);
+    run("T=16 chain", &chain(16), &state0, &mut r);
+    // Depths 0..5: row 0's window holds one pass row and two state rows, row 1's two and one,
+    // row 6's (6 → 4 → 3 → 0) only pass rows.
+    let tree = [-1, 0, 1, 0, 3, 2, 4, 6, 0, 8, 5, 10, 7, 1, 13, 9];
+    run("T=16 tree", &tree, &state0, &mut r);
+    // A 32-row first sub-pass, then later sub-passes from its last row's window, as forward.rs
+    // carries it.
+    let wins = run("T=32 chain", &chain(32), &state0, &mut r);
+    let mut carry = d.alloc_zeros::<f32>(wl).unwrap();
+    d.copy(&wins.slice(31 * wl..32 * wl), &mut carry).unwrap();
+    run("T=1 from a carried window", &chain(1), &carry, &mut r);
+    run("T=16 from a carried window", &chain(16), &carry, &mut r);
+}
