@@ -169,14 +169,16 @@ extern "C" __global__ void gdn_split_qkv_f32(const float* __restrict__ mc, float
 // as in conv.cu's header) is computed by the block that consumes it and never stored:
 //   q/k head blocks:  their dk channels into shared memory, then q or k as gdn_split_qkv_f32
 //                     writes them (l2 norm per head, q also scaled by qscale);
-//   v blocks:         v[t, i] = mc[t, 2·Hk·dk + i] for their chunk of 1024 values;
+//   v blocks:         v[t, i] = mc[t, 2·Hk·dk + i] for their chunk of 128 values (one per
+//                     thread: a channel's conv is a chain of dependent loads, so more blocks
+//                     with one each finish sooner than gdn_split_qkv_f32's 1024-value copies);
 //   last block:       g and β of the row when braw is set, as gdn_split_qkv_f32.
 // Each block also writes its channels' conv windows, windows[t, r, ch] = src_{K−2−r}[ch], exactly
 // as conv1d_tree_f32 (commit copies the last accepted row's into the state).
 // Shapes: m [T, C] at row stride m_stride (the pre-conv rows, e.g. read in place from a fused
 // projection's output), C = 2·Hk·dk + vd; state [K−1, C]; cw [C, K]; parents [T] (−1 for the
 // root, parent < row); windows [T, K−1, C]; q, k [T, Hk·dk]; v [T, vd]; g/β as
-// gdn_split_qkv_f32. Grid (T, 2·Hk + ceil(vd / 1024) [+ 1]), block 128; dk ≤ 256, 1 ≤ K ≤ 8.
+// gdn_split_qkv_f32. Grid (T, 2·Hk + ceil(vd / 128) [+ 1]), block 128; dk ≤ 256, 1 ≤ K ≤ 8.
 #define GDN_CONV_MAX_DK 256
 extern "C" __global__ void __launch_bounds__(128)
     gdn_conv_split_qkv_f32(const float* __restrict__ m, long long m_stride,
@@ -212,9 +214,8 @@ extern "C" __global__ void __launch_bounds__(128)
         gdn_l2_head(vals, dst, dk, is_q ? qscale : 1.0f, eps, red);
         return;
     }
-    const int chunk = blockDim.x * 8;
-    const int i0 = (y - 2 * hk) * chunk;
-    for (int i = i0 + threadIdx.x; i < i0 + chunk && i < vd; i += blockDim.x)
+    const int i = (y - 2 * hk) * blockDim.x + threadIdx.x;
+    if (i < vd)
         v[(size_t)t * vd + i] =
             conv_tree_channel(m, m_stride, state, cw, windows, c, kw, t, 2 * kd + i, rows);
 }

@@ -524,7 +524,8 @@ impl CudaDevice {
         );
         let hv = check_gate(gate.as_ref(), t)?;
         let f = self.func(Module::Glue, "gdn_conv_split_qkv_f32")?;
-        let vblocks = vd.div_ceil(128 * 8);
+        // One v value per thread (the kernel's header says why).
+        let vblocks = vd.div_ceil(128);
         let extra = usize::from(gate.is_some());
         let cfg = LaunchConfig {
             grid_dim: (t as u32, (2 * hk + vblocks + extra) as u32, 1),
