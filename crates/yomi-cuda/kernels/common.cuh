@@ -84,3 +84,63 @@ __device__ __forceinline__ size_t bf16_tile_index(int r, int c, int k) {
     const int h = (r % 16) / 8, g = r % 8, q = (c % 32) / 8, e = c % 8;
     return tile * 512 + (size_t)(256 * h + 8 * (4 * g + q) + e);
 }
+
+// Causal tree conv1d one (row, channel) at a time (the math is in conv.cu's header): shared by
+// conv1d_tree_f32 (conv.cu) and gdn_conv_split_qkv_f32 (glue.cu), so that both compute every
+// channel with the same operations and give the same bits.
+#define CONV_MAXK 8
+
+// Where the K inputs of row i come from, newest first: src[d] ≥ 0 is that row of the pass's
+// inputs m, −1 − r is row r of the committed state. The walk follows the parents; past the root
+// it continues into the state, newest (row K−2) first. A parent that is not before its row
+// counts as −1, so no read leaves m. Depends on the row only, so a thread finds it once for all
+// of its channels.
+__device__ __forceinline__ void conv_tree_sources(const int* __restrict__ parents, int i, int k,
+                                                  int (&src)[CONV_MAXK]) {
+    int j = i, from_state = 0;
+#pragma unroll
+    for (int d = 0; d < CONV_MAXK; ++d) {
+        if (d >= k) break;
+        if (j >= 0) {
+            src[d] = j;
+            const int p = parents[j];
+            j = (p < j && p >= -1) ? p : -1;
+        } else {
+            // At least src_0 came from m, so from_state ≤ K−2 here.
+            src[d] = -1 - (k - 2 - from_state);
+            ++from_state;
+        }
+    }
+}
+
+// Returns out[i, ch] = silu(Σ_d w[ch, K−1−d] · src_d[ch]) (separately rounded products and adds,
+// as on the CPU) and writes row i's window of channel ch, windows[i, r, ch] = src_{K−2−r}[ch].
+// m [T, C] at row stride m_stride, state [K−1, C], w [C, K], windows [T, K−1, C].
+__device__ __forceinline__ float conv_tree_channel(const float* __restrict__ m, long long m_stride,
+                                                   const float* __restrict__ state,
+                                                   const float* __restrict__ w,
+                                                   float* __restrict__ windows, int c_dim, int k,
+                                                   int i, int ch, const int (&rows)[CONV_MAXK]) {
+    const size_t C = (size_t)c_dim;
+    float src[CONV_MAXK];
+#pragma unroll
+    for (int d = 0; d < CONV_MAXK; ++d) {
+        if (d >= k) break;
+        const int r = rows[d];
+        src[d] = r >= 0 ? m[(size_t)r * (size_t)m_stride + ch] : state[(size_t)(-1 - r) * C + ch];
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int d = 0; d < CONV_MAXK; ++d) {
+        if (d >= k) break;
+        s = __fadd_rn(s, __fmul_rn(w[(size_t)ch * k + (k - 1 - d)], src[d]));
+    }
+    // windows row r = src_{K−2−r}, written as: src_d goes to row K−2−d (d < K−1).
+    float* win = windows + (size_t)i * (k - 1) * C + ch;
+#pragma unroll
+    for (int d = 0; d < CONV_MAXK - 1; ++d) {
+        if (d >= k - 1) break;
+        win[(size_t)(k - 2 - d) * C] = src[d];
+    }
+    return s * (1.0f / (1.0f + expf(-s)));
+}

@@ -18,7 +18,8 @@
 //
 // A parent that is not before its row (an invalid tree) is treated as −1, so no read leaves m.
 
-#define CONV_MAXK 8
+// The per-channel work is conv_tree_sources / conv_tree_channel in common.cuh, which
+// gdn_conv_split_qkv_f32 (glue.cu) shares.
 
 extern "C" __global__ void conv1d_tree_f32(const float* __restrict__ m,
                                            const float* __restrict__ state,
@@ -30,34 +31,8 @@ extern "C" __global__ void conv1d_tree_f32(const float* __restrict__ m,
     const int ch = blockIdx.x * blockDim.x + threadIdx.x;
     const int i = blockIdx.y;
     if (ch >= c_dim) return;
-    const size_t C = (size_t)c_dim;
-    float src[CONV_MAXK];
-    int j = i, from_state = 0;
-#pragma unroll
-    for (int d = 0; d < CONV_MAXK; ++d) {
-        if (d >= k) break;
-        if (j >= 0) {
-            src[d] = m[(size_t)j * (size_t)m_stride + ch];
-            const int p = parents[j];
-            j = (p < j && p >= -1) ? p : -1;
-        } else {
-            // At least src_0 came from m, so from_state ≤ K−2 here.
-            src[d] = state[(size_t)(k - 2 - from_state) * C + ch];
-            ++from_state;
-        }
-    }
-    float s = 0.0f;
-#pragma unroll
-    for (int d = 0; d < CONV_MAXK; ++d) {
-        if (d >= k) break;
-        s = __fadd_rn(s, __fmul_rn(w[(size_t)ch * k + (k - 1 - d)], src[d]));
-    }
-    out[(size_t)i * C + ch] = s * (1.0f / (1.0f + expf(-s)));
-    // windows row r = src_{K−2−r}, written as: src_d goes to row K−2−d (d < K−1).
-    float* win = windows + (size_t)i * (k - 1) * C + ch;
-#pragma unroll
-    for (int d = 0; d < CONV_MAXK - 1; ++d) {
-        if (d >= k - 1) break;
-        win[(size_t)(k - 2 - d) * C] = src[d];
-    }
+    int rows[CONV_MAXK];
+    conv_tree_sources(parents, i, k, rows);
+    out[(size_t)i * (size_t)c_dim + ch] =
+        conv_tree_channel(m, m_stride, state, w, windows, c_dim, k, i, ch, rows);
 }

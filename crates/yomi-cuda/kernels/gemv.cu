@@ -160,6 +160,18 @@ GEMV_DTYPE(f16, 2)
 // Pipeline: the next stage's weights are loaded before the current stage's MMAs, and with
 // programmatic dependent launch the first stage is loaded before `grid_dep_wait()`: weights are
 // immutable, so they stream in while the previous kernel finishes.
+//
+// SwiGLU epilogue (SW = true, kernels gemv_bf16_tc_swiglu_*): for a fused gate|up matrix whose
+// rows were interleaved at upload (`GateUpMatrix` in src/ops.rs) so that 16-row tile j holds
+// gate rows 8j..8j+7 then up rows 8j..8j+7, the thread that sums C-fragment row g of a tile
+// also sums row g + 8 (fragments c0/c1 and c2/c3), i.e. gate and up of the same column. It
+// writes, instead of the two raw rows,
+//   out[t, 8j + g] = silu(gate) · up = gate / (1 + e^(−gate)) · up
+//   (gate = Σ + bias[8j + g], up = Σ + bias[I + 8j + g]; bias in the un-interleaved order)
+// with out [T, I], I = N / 2: the expression of swiglu_pair_f32 (glue.cu) on the values the plain
+// kernel would have stored, so the result is bit-identical to linear + swiglu_pair. Every row is
+// summed exactly as in the plain kernel (same slabs, same accumulators, same warp order); only
+// the tile a row sits in changes, and an MMA treats its 16 rows alike.
 __device__ __forceinline__ u32 pack_bf16x2(float lo_elem, float hi_elem) {
     u32 d;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi_elem), "f"(lo_elem));
@@ -194,7 +206,7 @@ __device__ __forceinline__ void tc_load_stage(const uint4* __restrict__ Wt, int 
     }
 }
 
-template <int W, int MT, int NT, int U>
+template <int W, int MT, int NT, int U, bool SW>
 __device__ __forceinline__ void gemv_bf16_tc_body(const uint4* __restrict__ Wt,
                                                   const float* __restrict__ x,
                                                   const float* __restrict__ bias,
@@ -279,6 +291,27 @@ __device__ __forceinline__ void gemv_bf16_tc_body(const uint4* __restrict__ Wt,
                 red[w][m][n][j][lane] =
                     (acc[m][n][0][j] + acc[m][n][1][j]) + (acc[m][n][2][j] + acc[m][n][3][j]);
     __syncthreads();
+    if (SW) {
+        // One item per (m-tile, n-tile, column parity, lane): the gate sum (fragment j) and the
+        // up sum (fragment j + 2) of one output value, each summed over the warps like below.
+        const int inter = N / 2;
+        for (int i = threadIdx.x; i < MT * NT * 2 * 32; i += 32 * W) {
+            const int m = i / (NT * 64), n = (i / 64) % NT, j = (i / 32) % 2, l = i % 32;
+            float sg = 0.0f, su = 0.0f;
+#pragma unroll
+            for (int v = 0; v < W; ++v) sg += red[v][m][n][j][l];
+#pragma unroll
+            for (int v = 0; v < W; ++v) su += red[v][m][n][j + 2][l];
+            const int col = 8 * (rb0 + m) + (l >> 2);
+            const int t = 8 * n + 2 * (l & 3) + j;
+            if (col < inter && t < T) {
+                const float gt = sg + (bias ? bias[col] : 0.0f);
+                const float up = su + (bias ? bias[inter + col] : 0.0f);
+                out[(size_t)t * inter + col] = gt / (1.0f + expf(-gt)) * up;
+            }
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < MT * NT * 4 * 32; i += 32 * W) {
         const int m = i / (NT * 128), n = (i / 128) % NT, j = (i / 32) % 4, l = i % 32;
         float s = 0.0f;
@@ -298,7 +331,17 @@ __device__ __forceinline__ void gemv_bf16_tc_body(const uint4* __restrict__ Wt,
                                                  const float* __restrict__ bias,               \
                                                  float* __restrict__ out, int N, int K, int T) { \
         grid_dep_trigger();                                                                    \
-        gemv_bf16_tc_body<W, MT, NT, U>(Wt, x, bias, out, N, K, T);                            \
+        gemv_bf16_tc_body<W, MT, NT, U, false>(Wt, x, bias, out, N, K, T);                     \
+    }
+
+// The SwiGLU-epilogue twin: W an interleaved gate|up matrix of N = 2·I rows, out [T, I].
+#define GEMV_TC_SWIGLU_KERNEL(W, MT, NT, U)                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * W)                                      \
+        gemv_bf16_tc_swiglu_w##W##_m##MT##_n##NT##_u##U(                                       \
+            const uint4* __restrict__ Wt, const float* __restrict__ x,                         \
+            const float* __restrict__ bias, float* __restrict__ out, int N, int K, int T) {    \
+        grid_dep_trigger();                                                                    \
+        gemv_bf16_tc_body<W, MT, NT, U, true>(Wt, x, bias, out, N, K, T);                      \
     }
 
 // Name: gemv_bf16_tc_w<W>_m<MT>_n<NT>_u<U>; the Rust side's TC_VARIANTS lists these.
@@ -315,3 +358,16 @@ GEMV_TC_WARPS(16)
 GEMV_TC_KERNEL(2, 2, 4, 2)
 GEMV_TC_KERNEL(4, 2, 4, 2)
 GEMV_TC_KERNEL(8, 2, 4, 2)
+
+// gemv_bf16_tc_swiglu_w<W>_m<MT>_n<NT>_u<U>: only the variants `tc_kernel_for` (src/ops.rs)
+// picks for some shape (SWIGLU_VARIANTS there), to keep the module's compile time down.
+GEMV_TC_SWIGLU_KERNEL(4, 1, 1, 2)
+GEMV_TC_SWIGLU_KERNEL(8, 1, 1, 2)
+GEMV_TC_SWIGLU_KERNEL(16, 1, 1, 2)
+GEMV_TC_SWIGLU_KERNEL(4, 2, 2, 1)
+GEMV_TC_SWIGLU_KERNEL(8, 2, 2, 1)
+GEMV_TC_SWIGLU_KERNEL(16, 2, 2, 1)
+GEMV_TC_SWIGLU_KERNEL(8, 1, 2, 2)
+GEMV_TC_SWIGLU_KERNEL(4, 2, 4, 2)
+GEMV_TC_SWIGLU_KERNEL(8, 2, 4, 2)
+GEMV_TC_SWIGLU_KERNEL(16, 1, 4, 2)

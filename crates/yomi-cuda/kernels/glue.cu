@@ -104,6 +104,19 @@ __device__ __forceinline__ void gdn_gate_beta_one(const float* __restrict__ braw
     g[i] = neg_exp_a[h] * sp;
 }
 
+// One key head of dk values, l2-normed then scaled: dst = (src / sqrt(Σ src² + eps)) · scale.
+// Shared by gdn_split_qkv_f32 (src in global memory) and gdn_conv_split_qkv_f32 (src in shared
+// memory) so both compute it with the same operations. The whole block calls it (block_sum);
+// thread i reads and writes only the values i, i + blockDim.x, …
+__device__ __forceinline__ void gdn_l2_head(const float* src, float* __restrict__ dst, int dk,
+                                            float scale, float eps, float* red) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) ss += src[i] * src[i];
+    ss = block_sum(ss, red);
+    const float r = 1.0f / sqrtf(ss + eps);
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) dst[i] = (src[i] * r) * scale;
+}
+
 // Gated DeltaNet input preparation from the conv output mc [T, C], C = 2·Hk·dk + Hv·dv laid out
 // per row as [q | k | v]:
 //   q[t, h, :] = mc_q / sqrt(Σ mc_q² + eps) · qscale     (l2 norm per key head, then dk^−½)
@@ -140,18 +153,71 @@ extern "C" __global__ void gdn_split_qkv_f32(const float* __restrict__ mc, float
         const int h = is_q ? y : y - hk;
         const float* src = row + (is_q ? 0 : kd) + h * dk;
         float* dst = (is_q ? q : k) + (size_t)t * kd + h * dk;
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < dk; i += blockDim.x) ss += src[i] * src[i];
-        ss = block_sum(ss, red);
-        const float r = 1.0f / sqrtf(ss + eps);
-        const float scale = is_q ? qscale : 1.0f;
-        for (int i = threadIdx.x; i < dk; i += blockDim.x) dst[i] = (src[i] * r) * scale;
+        gdn_l2_head(src, dst, dk, is_q ? qscale : 1.0f, eps, red);
         return;
     }
     const int chunk = blockDim.x * 8;
     const int i0 = (y - 2 * hk) * chunk;
     for (int i = i0 + threadIdx.x; i < i0 + chunk && i < vd; i += blockDim.x)
         v[(size_t)t * vd + i] = row[2 * kd + i];
+}
+
+// The same with the causal conv folded in: conv1d_tree_f32 (conv.cu) then gdn_split_qkv_f32 in
+// one launch, bit-identical to the two (both kernels' per-value work is shared device code:
+// conv_tree_channel in common.cuh, gdn_l2_head and gdn_gate_beta_one above). Per row t the conv
+// output mc[t, ch] = silu(Σ_d w[ch, K−1−d] · src_d[ch]) (the tree walk into the committed state
+// as in conv.cu's header) is computed by the block that consumes it and never stored:
+//   q/k head blocks:  their dk channels into shared memory, then q or k as gdn_split_qkv_f32
+//                     writes them (l2 norm per head, q also scaled by qscale);
+//   v blocks:         v[t, i] = mc[t, 2·Hk·dk + i] for their chunk of 128 values (one per
+//                     thread: a channel's conv is a chain of dependent loads, so more blocks
+//                     with one each finish sooner than gdn_split_qkv_f32's 1024-value copies);
+//   last block:       g and β of the row when braw is set, as gdn_split_qkv_f32.
+// Each block also writes its channels' conv windows, windows[t, r, ch] = src_{K−2−r}[ch], exactly
+// as conv1d_tree_f32 (commit copies the last accepted row's into the state).
+// Shapes: m [T, C] at row stride m_stride (the pre-conv rows, e.g. read in place from a fused
+// projection's output), C = 2·Hk·dk + vd; state [K−1, C]; cw [C, K]; parents [T] (−1 for the
+// root, parent < row); windows [T, K−1, C]; q, k [T, Hk·dk]; v [T, vd]; g/β as
+// gdn_split_qkv_f32. Grid (T, 2·Hk + ceil(vd / 128) [+ 1]), block 128; dk ≤ 256, 1 ≤ K ≤ 8.
+#define GDN_CONV_MAX_DK 256
+extern "C" __global__ void __launch_bounds__(128)
+    gdn_conv_split_qkv_f32(const float* __restrict__ m, long long m_stride,
+                           const float* __restrict__ state, const float* __restrict__ cw,
+                           const int* __restrict__ parents, float* __restrict__ windows, int kw,
+                           float* __restrict__ q, float* __restrict__ k, float* __restrict__ v,
+                           int hk, int dk, int vd, float qscale, float eps,
+                           const float* __restrict__ braw, const float* __restrict__ araw,
+                           long long ab_stride, const float* __restrict__ neg_exp_a,
+                           const float* __restrict__ dt_bias, float* __restrict__ g,
+                           float* __restrict__ beta, int hv) {
+    grid_dep_begin();
+    __shared__ float red[33];
+    __shared__ float vals[GDN_CONV_MAX_DK];
+    const int t = blockIdx.x, y = blockIdx.y;
+    const int kd = hk * dk, c = 2 * kd + vd;
+    if (y == gridDim.y - 1 && braw) {
+        for (int h = threadIdx.x; h < hv; h += blockDim.x)
+            gdn_gate_beta_one(braw, araw, neg_exp_a, dt_bias, g, beta, t * hv + h, hv, ab_stride);
+        return;
+    }
+    int rows[CONV_MAXK];
+    conv_tree_sources(parents, t, kw, rows);
+    if (y < 2 * hk) {
+        const bool is_q = y < hk;
+        const int h = is_q ? y : y - hk;
+        const int c0 = (is_q ? 0 : kd) + h * dk;
+        // Thread i computes and later reads only the values i, i + 128, …: no barrier needed
+        // before gdn_l2_head (whose block_sum has its own).
+        for (int i = threadIdx.x; i < dk; i += blockDim.x)
+            vals[i] = conv_tree_channel(m, m_stride, state, cw, windows, c, kw, t, c0 + i, rows);
+        float* dst = (is_q ? q : k) + (size_t)t * kd + h * dk;
+        gdn_l2_head(vals, dst, dk, is_q ? qscale : 1.0f, eps, red);
+        return;
+    }
+    const int i = (y - 2 * hk) * blockDim.x + threadIdx.x;
+    if (i < vd)
+        v[(size_t)t * vd + i] =
+            conv_tree_channel(m, m_stride, state, cw, windows, c, kw, t, 2 * kd + i, rows);
 }
 
 // Decay and write strength per (row, value head), n = T·Hv values:

@@ -5,6 +5,7 @@
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
 use crate::attention::AttnDims;
+use crate::conv::{ConvLens, check_conv};
 use crate::device::CudaDevice;
 use crate::error::{Result, ensure};
 use crate::guard;
@@ -21,6 +22,63 @@ pub struct GdnGateArgs<'a> {
     pub dt_bias: &'a CudaSlice<f32>,
     pub g: &'a mut dyn DevicePtrMut<f32>,
     pub beta: &'a mut dyn DevicePtrMut<f32>,
+}
+
+/// The conv operands of [`CudaDevice::gdn_conv_split_qkv_gate`], as
+/// [`CudaDevice::conv1d_tree_strided`] takes them: the T pre-conv rows `m`, `m_stride` values
+/// apart ((T − 1)·m_stride + C values); the conv width `kernel` (K); the committed window
+/// `state` [K−1, C] the rows continue; the weights `w` [C, K]; the tree's `parents` `[T]` (−1
+/// for the root, parent < row); and `windows` [T, K−1, C], each row's own last K−1 inputs.
+pub struct GdnConvArgs<'a> {
+    pub m: &'a dyn DevicePtr<f32>,
+    pub m_stride: usize,
+    pub kernel: usize,
+    pub state: &'a dyn DevicePtr<f32>,
+    pub w: &'a CudaSlice<f32>,
+    pub parents: &'a dyn DevicePtr<i32>,
+    pub windows: &'a mut dyn DevicePtrMut<f32>,
+}
+
+/// Largest key head of `gdn_conv_split_qkv_f32` (its shared buffer, `GDN_CONV_MAX_DK`).
+const GDN_CONV_MAX_DK: usize = 256;
+
+/// Checks the g/β operands against T rows; their Hv (0 without them).
+fn check_gate(gate: Option<&GdnGateArgs<'_>>, t: usize) -> Result<usize> {
+    let Some(gb) = gate else {
+        return Ok(0);
+    };
+    let hv = gb.neg_exp_a.len();
+    let src_len = if t == 0 { 0 } else { (t - 1) * gb.stride + hv };
+    ensure!(
+        hv > 0
+            && gb.stride >= hv
+            && gb.dt_bias.len() == hv
+            && gb.braw.len() == src_len
+            && gb.araw.len() == src_len
+            && gb.g.len() == t * hv
+            && gb.beta.len() == t * hv,
+        "gdn_split_qkv: g/β inputs do not fit T = {t}, Hv = {hv}, stride {}",
+        gb.stride
+    );
+    Ok(hv)
+}
+
+/// The g/β kernel parameters in order: b_raw, a_raw, their row stride (a `long long`, passed as
+/// its 8 bytes like the pointers), −exp(A), dt bias, g, β. All zero without them: the kernels
+/// read a null b_raw as "no g/β block".
+fn gate_ptrs(gate: Option<GdnGateArgs<'_>>, st: &cudarc::driver::CudaStream) -> [u64; 7] {
+    match gate {
+        Some(gb) => [
+            dptr(gb.braw, st),
+            dptr(gb.araw, st),
+            gb.stride as u64,
+            dptr(gb.neg_exp_a, st),
+            dptr(gb.dt_bias, st),
+            dptr_mut(gb.g, st),
+            dptr_mut(gb.beta, st),
+        ],
+        None => [0; 7],
+    }
 }
 
 /// Threads per row of `add_rms_norm_f32`: one per 16-byte chunk of the row (at most 1024, at
@@ -386,21 +444,7 @@ impl CudaDevice {
             q.len() == t * kd && k.len() == t * kd && v.len() == t * vd,
             "gdn_split_qkv: q/k must be [T={t}, {kd}] and v [T={t}, {vd}]"
         );
-        let hv = gate.as_ref().map_or(0, |gb| gb.neg_exp_a.len());
-        if let Some(gb) = &gate {
-            let src_len = if t == 0 { 0 } else { (t - 1) * gb.stride + hv };
-            ensure!(
-                hv > 0
-                    && gb.stride >= hv
-                    && gb.dt_bias.len() == hv
-                    && gb.braw.len() == src_len
-                    && gb.araw.len() == src_len
-                    && gb.g.len() == t * hv
-                    && gb.beta.len() == t * hv,
-                "gdn_split_qkv: g/β inputs do not fit T = {t}, Hv = {hv}, stride {}",
-                gb.stride
-            );
-        }
+        let hv = check_gate(gate.as_ref(), t)?;
         if t == 0 {
             return Ok(());
         }
@@ -422,36 +466,108 @@ impl CudaDevice {
                 dptr_mut(k, st),
                 dptr_mut(v, st),
             );
-            let (bp, ap, stride, np, dp, gp, betap) = match gate {
-                Some(gb) => (
-                    dptr(gb.braw, st),
-                    dptr(gb.araw, st),
-                    gb.stride as i64,
-                    dptr(gb.neg_exp_a, st),
-                    dptr(gb.dt_bias, st),
-                    dptr_mut(gb.g, st),
-                    dptr_mut(gb.beta, st),
-                ),
-                None => (0, 0, 0, 0, 0, 0, 0),
-            };
+            let gp = gate_ptrs(gate, st);
             let mut b = self.launch(&f);
             b.arg(&mp).arg(&qp).arg(&kp).arg(&vp);
             for d in &dims {
                 b.arg(d);
             }
-            b.arg(&qscale)
-                .arg(&eps)
-                .arg(&bp)
-                .arg(&ap)
-                .arg(&stride)
-                .arg(&np)
-                .arg(&dp)
-                .arg(&gp)
-                .arg(&betap)
-                .arg(&hv_i);
+            b.arg(&qscale).arg(&eps);
+            for p in &gp {
+                b.arg(p);
+            }
+            b.arg(&hv_i);
             // SAFETY: argument types match `gdn_split_qkv_f32`; shapes checked, and the g/β
             // block runs only with all of its pointers set.
             unsafe { b.launch(cfg) }.map_err(launch_err("gdn_split_qkv_f32"))
+        })
+    }
+
+    /// Causal tree conv1d and the q/k/v split (+ g/β) in one launch (`gdn_conv_split_qkv_f32`):
+    /// bit-identical to [`CudaDevice::conv1d_tree_strided`] into a [T, C] buffer followed by
+    /// [`CudaDevice::gdn_split_qkv_gate`] on it, C = 2·Hk·dk + vd, except that the conv output
+    /// itself is not stored (only q, k, v, the windows and g/β are). dk ≤ 256.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gdn_conv_split_qkv_gate(
+        &self,
+        conv: GdnConvArgs<'_>,
+        t: usize,
+        hk: usize,
+        dk: usize,
+        vd: usize,
+        qscale: f32,
+        eps: f32,
+        q: &mut impl DevicePtrMut<f32>,
+        k: &mut impl DevicePtrMut<f32>,
+        v: &mut impl DevicePtrMut<f32>,
+        gate: Option<GdnGateArgs<'_>>,
+    ) -> Result<()> {
+        let kd = hk * dk;
+        let c = 2 * kd + vd;
+        ensure!(
+            hk > 0 && (1..=GDN_CONV_MAX_DK).contains(&dk),
+            "gdn_conv_split_qkv: {hk} key heads of {dk} (dk must be 1..={GDN_CONV_MAX_DK})"
+        );
+        let lens = ConvLens {
+            m: conv.m.len(),
+            state: conv.state.len(),
+            w: conv.w.len(),
+            parents: conv.parents.len(),
+            // No conv output buffer: its values go straight into q, k and v.
+            out: t * c,
+            windows: conv.windows.len(),
+        };
+        check_conv(lens, t, c, conv.kernel, conv.m_stride)?;
+        ensure!(
+            q.len() == t * kd && k.len() == t * kd && v.len() == t * vd,
+            "gdn_conv_split_qkv: q/k must be [T={t}, {kd}] and v [T={t}, {vd}]"
+        );
+        let hv = check_gate(gate.as_ref(), t)?;
+        let f = self.func(Module::Glue, "gdn_conv_split_qkv_f32")?;
+        // One v value per thread (the kernel's header says why).
+        let vblocks = vd.div_ceil(128);
+        let extra = usize::from(gate.is_some());
+        let cfg = LaunchConfig {
+            grid_dim: (t as u32, (2 * hk + vblocks + extra) as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (ms, kw) = (conv.m_stride as i64, conv.kernel as i32);
+        let dims = [as_i32(hk, "hk")?, as_i32(dk, "dk")?, as_i32(vd, "vd")?];
+        let hv_i = as_i32(hv, "hv")?;
+        guard("gdn_conv_split_qkv", || {
+            let st = self.stream();
+            let (mp, sp, pp, wp) = (
+                dptr(conv.m, st),
+                dptr(conv.state, st),
+                dptr(conv.parents, st),
+                dptr_mut(conv.windows, st),
+            );
+            let (qp, kp, vp) = (dptr_mut(q, st), dptr_mut(k, st), dptr_mut(v, st));
+            let gp = gate_ptrs(gate, st);
+            let mut b = self.launch(&f);
+            b.arg(&mp)
+                .arg(&ms)
+                .arg(&sp)
+                .arg(conv.w)
+                .arg(&pp)
+                .arg(&wp)
+                .arg(&kw)
+                .arg(&qp)
+                .arg(&kp)
+                .arg(&vp);
+            for d in &dims {
+                b.arg(d);
+            }
+            b.arg(&qscale).arg(&eps);
+            for p in &gp {
+                b.arg(p);
+            }
+            b.arg(&hv_i);
+            // SAFETY: argument types match `gdn_conv_split_qkv_f32`; the conv operands checked
+            // as conv1d_tree's, q/k/v and g/β as gdn_split_qkv_gate's, dk within the kernel's
+            // shared buffer, and the g/β block runs only with all of its pointers set.
+            unsafe { b.launch(cfg) }.map_err(launch_err("gdn_conv_split_qkv_f32"))
         })
     }
 

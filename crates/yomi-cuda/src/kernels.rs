@@ -101,6 +101,7 @@ impl Module {
                 "split_q_gate_f32",
                 "sigmoid_mul_f32",
                 "gdn_split_qkv_f32",
+                "gdn_conv_split_qkv_f32",
                 "gdn_gate_beta_f32",
                 "rms_norm_gated_f32",
                 "gather_rows_f32",
@@ -427,9 +428,15 @@ mod tests {
             })
     }
 
-    /// The GEMV kernels are stamped out by macros: `gemv_<dtype>_t<T>_r<R>_u<U>` and
-    /// `gemv_bf16_tc_w<W>_m<MT>_n<NT>_u<U>`.
+    /// The GEMV kernels are stamped out by macros: `gemv_<dtype>_t<T>_r<R>_u<U>`,
+    /// `gemv_bf16_tc_w<W>_m<MT>_n<NT>_u<U>` and `gemv_bf16_tc_swiglu_w<W>_m<MT>_n<NT>_u<U>`.
     fn gemv_macro_defines(src: &str, name: &str) -> bool {
+        if let Some(rest) = name.strip_prefix("gemv_bf16_tc_swiglu_w") {
+            let (w, rest) = rest.split_once("_m").unwrap();
+            let (m, rest) = rest.split_once("_n").unwrap();
+            let (nt, u) = rest.split_once("_u").unwrap();
+            return src.contains(&format!("GEMV_TC_SWIGLU_KERNEL({w}, {m}, {nt}, {u})"));
+        }
         if let Some(rest) = name.strip_prefix("gemv_bf16_tc_w") {
             let (w, rest) = rest.split_once("_m").unwrap();
             let (m, rest) = rest.split_once("_n").unwrap();

@@ -29,7 +29,7 @@ mod conv;
 mod device;
 mod error;
 mod glue;
-pub use glue::{AttnPrepSources, GdnGateArgs};
+pub use glue::{AttnPrepSources, GdnConvArgs, GdnGateArgs};
 pub mod kernels;
 mod launch;
 pub mod model;
@@ -46,8 +46,8 @@ pub use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 pub use device::{CudaDevice, ModuleInfo};
 pub use error::{CudaError, Result};
 pub use ops::{
-    DeviceMatrix, GdnDeviceRows, GdnShape, GemvKernel, WeightDtype, bf16_tile_index,
-    bf16_tiles_len, gemv_variant, linear_kernel, tc_warps,
+    DeviceMatrix, GateUpMatrix, GdnDeviceRows, GdnShape, GemvKernel, WeightDtype, bf16_tile_index,
+    bf16_tiles_len, gate_up_source_row, gemv_variant, interleave_gate_up, linear_kernel, tc_warps,
 };
 pub use quant::QuantFormat;
 pub use topk::{TOPK, TOPK_ROW_WORDS, TopkScratch, unpack_top};

@@ -163,6 +163,82 @@ pub fn bf16_tile_index(r: usize, c: usize, cols: usize) -> usize {
     tile * 512 + 256 * h + 8 * (4 * g + q) + e
 }
 
+/// Which row of the stacked [gate; up] matrix (2·`inter` rows) row `p` of its interleaved form
+/// holds: 16-row tile j is gate rows 8j..8j+7 then up rows 8j..8j+7, so the tensor-core GEMV's
+/// thread that sums row g of a tile also sums row g + 8, the up row of the same column (the
+/// SwiGLU epilogue in `kernels/gemv.cu`). `inter` must be a multiple of 8.
+pub fn gate_up_source_row(p: usize, inter: usize) -> usize {
+    let (j, r) = (p / 16, p % 16);
+    if r < 8 {
+        8 * j + r
+    } else {
+        inter + 8 * j + (r - 8)
+    }
+}
+
+/// The rows of gate and up ([inter, cols] each, row-major) in the interleaved order of
+/// [`gate_up_source_row`].
+pub fn interleave_gate_up<T: Copy>(gate: &[T], up: &[T], inter: usize, cols: usize) -> Vec<T> {
+    let mut out = Vec::with_capacity(2 * inter * cols);
+    for p in 0..2 * inter {
+        let r = gate_up_source_row(p, inter);
+        let (src, r) = if r < inter {
+            (gate, r)
+        } else {
+            (up, r - inter)
+        };
+        out.extend_from_slice(&src[r * cols..(r + 1) * cols]);
+    }
+    out
+}
+
+/// A fused gate|up bf16 matrix stored with its rows interleaved ([`gate_up_source_row`]), for
+/// [`CudaDevice::linear_swiglu`], which writes silu(gate)·up in the GEMV's epilogue instead of
+/// the 2·inter raw rows (one launch and one [T, 2·inter] round trip fewer per MLP). Its own type
+/// so that it cannot be passed to [`CudaDevice::linear`], whose output would be in the
+/// interleaved order.
+pub struct GateUpMatrix {
+    /// Output columns (the intermediate size I); the matrix has 2·I rows.
+    pub inter: usize,
+    pub(crate) m: DeviceMatrix,
+}
+
+impl GateUpMatrix {
+    /// gate and up bf16 bits, [inter, cols] row-major each. `inter` must be a positive multiple
+    /// of 8 (every released model's is; others keep the stacked matrix and `swiglu_pair`).
+    pub fn from_bf16_bits(
+        dev: &CudaDevice,
+        inter: usize,
+        cols: usize,
+        gate: &[u16],
+        up: &[u16],
+    ) -> Result<Self> {
+        ensure!(
+            inter > 0 && inter.is_multiple_of(8),
+            "gate|up interleave: intermediate size {inter} is not a positive multiple of 8"
+        );
+        ensure!(
+            gate.len() == inter * cols && up.len() == inter * cols,
+            "gate|up interleave: {} and {} values, not {inter}×{cols} each",
+            gate.len(),
+            up.len()
+        );
+        let bits = interleave_gate_up(gate, up, inter, cols);
+        let m = DeviceMatrix::from_half_bits(dev, 2 * inter, cols, WeightDtype::Bf16, &bits)?;
+        Ok(GateUpMatrix { inter, m })
+    }
+
+    /// Input columns (K).
+    pub fn cols(&self) -> usize {
+        self.m.cols
+    }
+
+    /// Device bytes of the weights.
+    pub fn size_bytes(&self) -> usize {
+        self.m.size_bytes()
+    }
+}
+
 /// The most rows one GEMV launch takes (DESIGN §5: T ≤ 32 rows share one weight read).
 pub const MAX_GEMV_ROWS: usize = 32;
 
@@ -215,6 +291,25 @@ const TC_VARIANTS: [(usize, usize, usize, usize); 19] = [
     (4, 4, 2, 2),
     (4, 8, 2, 2),
 ];
+
+/// The SwiGLU-epilogue twins instantiated in `kernels/gemv.cu`, (n-tiles, W, M, U): the
+/// variants [`tc_kernel_for`] picks for some shape (a unit test keeps the two in step).
+const SWIGLU_VARIANTS: [(usize, usize, usize, usize); 10] = [
+    (1, 4, 1, 2),
+    (1, 8, 1, 2),
+    (1, 16, 1, 2),
+    (2, 4, 2, 1),
+    (2, 8, 2, 1),
+    (2, 16, 2, 1),
+    (2, 8, 1, 2),
+    (4, 4, 2, 2),
+    (4, 8, 2, 2),
+    (4, 16, 1, 2),
+];
+
+fn swiglu_gemv_name(t: usize, w: usize, m: usize, u: usize) -> String {
+    format!("gemv_bf16_tc_swiglu_w{w}_m{m}_n{}_u{u}", mma_tiles(t))
+}
 
 /// The kernel [`CudaDevice::linear`] uses for `dtype` and a row bucket, chosen from the H200
 /// timings in bench/RESULTS.md ("CUDA kernels (H200)"). bf16 takes the tensor-core kernel for
@@ -297,6 +392,10 @@ pub(crate) fn all_gemv_kernels() -> Vec<String> {
                 v.push(gemv_name(d, t, k));
             }
         }
+    }
+    for &(nt, w, m, u) in &SWIGLU_VARIANTS {
+        // mma_tiles(8 · nt) = nt.
+        v.push(swiglu_gemv_name(8 * nt, w, m, u));
     }
     v.sort();
     v.dedup();
@@ -563,7 +662,67 @@ impl CudaDevice {
         if let (Weights::Quant(q), GemvKernel::Simt { r, .. }) = (&w.data, kern) {
             return self.linear_quant(x, t, w, q, bias, out, &name, r);
         }
-        let f = self.func(Module::Gemv, &name)?;
+        self.launch_gemv(&name, kern, w, x, t, bias, out)
+    }
+
+    /// `out[T, I] = silu(x·gateᵀ) · (x·upᵀ)` for 1 ≤ T ≤ 32 in one launch: the tensor-core GEMV
+    /// over the interleaved gate|up matrix with the SwiGLU epilogue (`kernels/gemv.cu`). The
+    /// kernel is chosen by T and the matrix's 2·I rows as [`CudaDevice::linear`] chooses it, so
+    /// the result is bit-identical to `linear` over the stacked [gate; up] matrix followed by
+    /// [`CudaDevice::swiglu_pair`]. `bias` ([2·I], gate then up, un-interleaved) is optional.
+    pub fn linear_swiglu(
+        &self,
+        x: &impl DevicePtr<f32>,
+        t: usize,
+        w: &GateUpMatrix,
+        bias: Option<&CudaSlice<f32>>,
+        out: &mut (impl DevicePtrMut<f32> + ?Sized),
+    ) -> Result<()> {
+        let (inter, k) = (w.inter, w.m.cols);
+        ensure!(
+            (1..=MAX_GEMV_ROWS).contains(&t),
+            "linear_swiglu: T = {t} rows; the GEMV kernels take 1..={MAX_GEMV_ROWS}"
+        );
+        ensure!(
+            x.len() == t * k && k > 0 && k.is_multiple_of(8),
+            "linear_swiglu: x has {} values, not [T={t}, in={k}] (in a positive multiple of 8)",
+            x.len()
+        );
+        ensure!(
+            out.len() == t * inter,
+            "linear_swiglu: out has {} values, not [T={t}, {inter}]",
+            out.len()
+        );
+        if let Some(b) = bias {
+            ensure!(
+                b.len() == 2 * inter,
+                "linear_swiglu: bias has {} values, not 2·{inter}",
+                b.len()
+            );
+        }
+        let kern = tc_kernel_for(*BUCKETS.iter().find(|&&b| b >= t).unwrap_or(&32), w.m.rows);
+        let GemvKernel::Mma { w: wp, m, u } = kern else {
+            unreachable!("bf16 matrices take the tensor-core kernel");
+        };
+        let name = swiglu_gemv_name(t, wp, m, u);
+        self.launch_gemv(&name, kern, &w.m, x, t, bias, out)
+    }
+
+    /// The launch of a dense GEMV kernel `name` (variant `kern`) over `w`, shapes already
+    /// checked by the caller.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_gemv(
+        &self,
+        name: &str,
+        kern: GemvKernel,
+        w: &DeviceMatrix,
+        x: &impl DevicePtr<f32>,
+        t: usize,
+        bias: Option<&CudaSlice<f32>>,
+        out: &mut (impl DevicePtrMut<f32> + ?Sized),
+    ) -> Result<()> {
+        let (n, k) = (w.rows, w.cols);
+        let f = self.func(Module::Gemv, name)?;
         let (n_i, k_i, t_i) = (as_i32(n, "out")?, as_i32(k, "in")?, t as i32);
         let blocks = match kern {
             GemvKernel::Simt { r, .. } => n.div_ceil(r).div_ceil(8),
@@ -586,7 +745,7 @@ impl CudaDevice {
             match &w.data {
                 Weights::F32(s) => b.arg(s),
                 Weights::Half(s) | Weights::Bf16Tiles(s) => b.arg(s),
-                Weights::Quant(_) => unreachable!("launched by linear_quant above"),
+                Weights::Quant(_) => unreachable!("quantized matrices go through linear_quant"),
             };
             b.arg(&xp);
             match bias {
@@ -595,7 +754,7 @@ impl CudaDevice {
             };
             b.arg(&op).arg(&n_i).arg(&k_i).arg(&t_i);
             // SAFETY: argument types match the gemv kernels; lengths and K alignment checked.
-            unsafe { b.launch(cfg) }.map_err(launch_err(&name))
+            unsafe { b.launch(cfg) }.map_err(launch_err(name))
         })
     }
 
@@ -896,6 +1055,70 @@ mod tests {
         // The second slab of row block 0 is tile 1; row block 1 starts after cols/32 tiles.
         assert_eq!(bf16_tile_index(0, 32, 64), 512);
         assert_eq!(bf16_tile_index(16, 0, 64), 2 * 512);
+    }
+
+    /// The interleaved gate|up order puts gate row 8j + g at row g and up row 8j + g at row
+    /// g + 8 of tile j (what the SwiGLU epilogue assumes), and moves every row exactly once.
+    #[test]
+    fn gate_up_interleave_pairs_gate_and_up_rows_in_each_tile() {
+        for inter in [8usize, 24, 12288] {
+            let mut seen = vec![false; 2 * inter];
+            for p in 0..2 * inter {
+                let r = gate_up_source_row(p, inter);
+                assert!(r < 2 * inter && !seen[r], "I={inter}: row {p} → {r}");
+                seen[r] = true;
+            }
+            for j in 0..inter / 8 {
+                for g in 0..8 {
+                    assert_eq!(gate_up_source_row(16 * j + g, inter), 8 * j + g);
+                    assert_eq!(gate_up_source_row(16 * j + 8 + g, inter), inter + 8 * j + g);
+                }
+            }
+        }
+        // Rows of 3 values: gate rows hold 100 + r, up rows 200 + r.
+        let (inter, cols) = (16usize, 3usize);
+        let gate: Vec<u32> = (0..inter * cols).map(|i| 100 + (i / cols) as u32).collect();
+        let up: Vec<u32> = (0..inter * cols).map(|i| 200 + (i / cols) as u32).collect();
+        let rows: Vec<u32> = interleave_gate_up(&gate, &up, inter, cols)
+            .chunks(cols)
+            .map(|c| {
+                assert!(c.iter().all(|&v| v == c[0]));
+                c[0]
+            })
+            .collect();
+        let want: Vec<u32> = [100..108, 200..208, 108..116, 208..216]
+            .into_iter()
+            .flatten()
+            .collect();
+        assert_eq!(rows, want);
+    }
+
+    /// `linear_swiglu` launches the SwiGLU twin of the kernel `linear` would take, which must
+    /// exist for every bucket and shape.
+    #[test]
+    fn every_tensor_core_choice_has_a_swiglu_twin() {
+        for t in 1..=32 {
+            let b = *BUCKETS.iter().find(|&&b| b >= t).unwrap();
+            for rows in (16..=600_000).step_by(16).chain([2 * 12288, 2 * 17408]) {
+                let GemvKernel::Mma { w, m, u } = tc_kernel_for(b, rows) else {
+                    panic!("bf16 took a SIMT kernel");
+                };
+                assert!(
+                    SWIGLU_VARIANTS.contains(&(mma_tiles(t), w, m, u)),
+                    "T={t} rows={rows}: no SwiGLU twin of {w}/{m}/{u}"
+                );
+            }
+        }
+        let names = all_gemv_kernels();
+        for &(nt, w, m, u) in &SWIGLU_VARIANTS {
+            let name = format!("gemv_bf16_tc_swiglu_w{w}_m{m}_n{nt}_u{u}");
+            assert!(names.contains(&name), "{name} not listed");
+            // Each twin has a plain kernel beside it (the same W, M, NT, U).
+            assert!(
+                TC_VARIANTS.contains(&(nt, w, m, u)),
+                "{name} has no plain twin"
+            );
+        }
     }
 
     #[test]

@@ -13,7 +13,8 @@ use common::{Rng, dev, poisoned};
 use yomi_cpu::activation::{sigmoid, softplus, swiglu};
 use yomi_cpu::norm::{l2_norm_inplace, rms_norm, rms_norm_gated_inplace};
 use yomi_cuda::{
-    DeviceMatrix, GemvKernel, WeightDtype, bf16_tile_index, bf16_tiles_len, gemv_variant, tc_warps,
+    DeviceMatrix, GateUpMatrix, GemvKernel, WeightDtype, bf16_tile_index, bf16_tiles_len,
+    gemv_variant, tc_warps,
 };
 
 /// max|gpu − cpu| and max|cpu|, after checking every GPU value is finite.
@@ -869,4 +870,210 @@ fn gdn_split_with_gate_matches_the_two_launches() {
         }
         println!("RESULT glue gdn_split_qkv + g/β in one launch T={t}: bit-identical");
     }
+}
+
+/// The tensor-core GEMV with the SwiGLU epilogue over the interleaved gate|up matrix gives
+/// exactly what `linear` over the stacked [gate; up] matrix followed by `swiglu_pair` gives: at
+/// Qwen3.5-9B's MLP (I = 12288, K = 4096) and at a small odd shape with a bias (I = 40: five
+/// tiles, so a block of two m-tiles ends in a padding tile; K = 72: not whole 32-wide slabs),
+/// T = 1, 4, 16, 32 (every n-tile count).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn linear_swiglu_matches_linear_then_swiglu_pair() {
+    let d = dev();
+    let mut r = Rng::new(71);
+    let to_bf16 = |v: &[f32]| -> Vec<u16> {
+        v.iter()
+            .map(|x| half::bf16::from_f32(*x).to_bits())
+            .collect()
+    };
+    for (inter, k, with_bias) in [(12288usize, 4096usize, false), (40, 72, true)] {
+        let gate = to_bf16(&r.vec(inter * k, 0.05));
+        let up = to_bf16(&r.vec(inter * k, 0.05));
+        let stacked = DeviceMatrix::from_half_bits(
+            &d,
+            2 * inter,
+            k,
+            WeightDtype::Bf16,
+            &[gate.as_slice(), up.as_slice()].concat(),
+        )
+        .unwrap();
+        let gu = GateUpMatrix::from_bf16_bits(&d, inter, k, &gate, &up).unwrap();
+        let bias = with_bias.then(|| d.upload(&r.vec(2 * inter, 0.5)).unwrap());
+        for t in [1usize, 4, 16, 32] {
+            let x = d.upload(&r.vec(t * k, 1.0)).unwrap();
+            let mut proj = poisoned(&d, t * 2 * inter);
+            let mut want = poisoned(&d, t * inter);
+            d.linear(&x, t, &stacked, bias.as_ref(), &mut proj).unwrap();
+            d.swiglu_pair(&proj, t, inter, &mut want).unwrap();
+            let mut got = poisoned(&d, t * inter);
+            d.linear_swiglu(&x, t, &gu, bias.as_ref(), &mut got)
+                .unwrap();
+            let (got, want) = (d.download(&got).unwrap(), d.download(&want).unwrap());
+            assert!(
+                got.iter().all(|v| v.is_finite()),
+                "I={inter} T={t}: unwritten output"
+            );
+            let bad = got
+                .iter()
+                .zip(&want)
+                .position(|(a, b)| a.to_bits() != b.to_bits());
+            assert!(
+                bad.is_none(),
+                "I={inter} K={k} T={t}: first difference at {:?} ({} vs {})",
+                bad.map(|i| (i / inter, i % inter)),
+                got[bad.unwrap()],
+                want[bad.unwrap()]
+            );
+            println!(
+                "RESULT glue linear_swiglu I={inter} K={k} bias {with_bias} T={t}: bit-identical to linear + swiglu_pair"
+            );
+        }
+    }
+    // The interleaved matrix only goes through linear_swiglu: a bias of the wrong length and
+    // an intermediate size that is not a multiple of 8 are errors.
+    let gu = GateUpMatrix::from_bf16_bits(&d, 8, 8, &[0; 64], &[0; 64]).unwrap();
+    let (x, mut out) = (poisoned(&d, 8), poisoned(&d, 8));
+    let short = d.upload(&[0.0f32; 8]).unwrap();
+    assert!(d.linear_swiglu(&x, 1, &gu, Some(&short), &mut out).is_err());
+    assert!(GateUpMatrix::from_bf16_bits(&d, 12, 8, &[0; 96], &[0; 96]).is_err());
+}
+
+/// The causal conv folded into the q/k/v split (+ g/β) gives exactly what the two launches it
+/// replaces give (conv1d_tree_strided into a [T, C] buffer, then gdn_split_qkv_gate on it): q,
+/// k, v, g, β and every row's conv window, bit for bit. Qwen3.5-9B's GDN (16 key heads × 128,
+/// 32 value heads × 128, conv width 4), the pre-conv rows read in place from a fused
+/// projection's output: T = 1 and a 16-row chain from the committed window; a 16-row tree whose
+/// rows leave the pass at different depths (so their windows mix pass rows and state rows);
+/// and T = 1 and 16 as a later sub-pass of a chain, from the window carried out of a 32-row
+/// sub-pass.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gdn_conv_folded_into_split_matches_the_two_launches() {
+    use yomi_cuda::{GdnConvArgs, GdnGateArgs};
+    let d = dev();
+    let mut r = Rng::new(83);
+    let (hk, dk, hv, dv, kc) = (16usize, 128usize, 32usize, 128usize, 4usize);
+    let (kd, vd) = (hk * dk, hv * dv);
+    let c = 2 * kd + vd;
+    let total = c + vd + 2 * hv;
+    let wl = (kc - 1) * c;
+    let state0 = d.upload(&r.vec(wl, 1.0)).unwrap();
+    let cw = d.upload(&r.vec(c * kc, 0.5)).unwrap();
+    let nea = d.upload(&r.vec(hv, 1.0)).unwrap();
+    let dtb = d.upload(&r.vec(hv, 1.0)).unwrap();
+    let bits = |v: &cudarc::driver::CudaSlice<f32>| -> Vec<u32> {
+        let x = d.download(v).unwrap();
+        assert!(x.iter().all(|v| v.is_finite()), "unwritten output");
+        x.iter().map(|x| x.to_bits()).collect()
+    };
+    // One pass both ways from `state`; returns the reference's windows (for a carry).
+    let run = |what: &str,
+               parents: &[i32],
+               state: &cudarc::driver::CudaSlice<f32>,
+               r: &mut Rng|
+     -> cudarc::driver::CudaSlice<f32> {
+        let t = parents.len();
+        let proj = d.upload(&r.vec(t * total, 1.5)).unwrap();
+        let span = |off: usize, w: usize| off..off + (t - 1) * total + w;
+        let (mv, bv, av) = (
+            proj.slice(span(0, c)),
+            proj.slice(span(c + vd, hv)),
+            proj.slice(span(c + vd + hv, hv)),
+        );
+        let pd = d.upload(parents).unwrap();
+        let outs = || {
+            (
+                poisoned(&d, t * kd),
+                poisoned(&d, t * kd),
+                poisoned(&d, t * vd),
+                poisoned(&d, t * hv),
+                poisoned(&d, t * hv),
+                poisoned(&d, t * wl),
+            )
+        };
+        let (mut q1, mut k1, mut v1, mut g1, mut b1, mut w1) = outs();
+        let mut mc = poisoned(&d, t * c);
+        d.conv1d_tree_strided(&mv, c, total, kc, state, &cw, &pd, t, &mut mc, &mut w1)
+            .unwrap();
+        d.gdn_split_qkv_gate(
+            &mc,
+            t,
+            hk,
+            dk,
+            vd,
+            0.088,
+            1e-6,
+            &mut q1,
+            &mut k1,
+            &mut v1,
+            Some(GdnGateArgs {
+                braw: &bv,
+                araw: &av,
+                stride: total,
+                neg_exp_a: &nea,
+                dt_bias: &dtb,
+                g: &mut g1,
+                beta: &mut b1,
+            }),
+        )
+        .unwrap();
+        let (mut q2, mut k2, mut v2, mut g2, mut b2, mut w2) = outs();
+        d.gdn_conv_split_qkv_gate(
+            GdnConvArgs {
+                m: &mv,
+                m_stride: total,
+                kernel: kc,
+                state,
+                w: &cw,
+                parents: &pd,
+                windows: &mut w2,
+            },
+            t,
+            hk,
+            dk,
+            vd,
+            0.088,
+            1e-6,
+            &mut q2,
+            &mut k2,
+            &mut v2,
+            Some(GdnGateArgs {
+                braw: &bv,
+                araw: &av,
+                stride: total,
+                neg_exp_a: &nea,
+                dt_bias: &dtb,
+                g: &mut g2,
+                beta: &mut b2,
+            }),
+        )
+        .unwrap();
+        for (name, a, b) in [
+            ("q", &q1, &q2),
+            ("k", &k1, &k2),
+            ("v", &v1, &v2),
+            ("g", &g1, &g2),
+            ("beta", &b1, &b2),
+            ("windows", &w1, &w2),
+        ] {
+            assert!(bits(a) == bits(b), "{what}: {name} differs");
+        }
+        println!("RESULT glue gdn conv folded into the split, {what}: bit-identical");
+        w1
+    };
+    let chain = |t: usize| -> Vec<i32> { (0..t as i32).map(|i| i - 1).collect() };
+    run("T=1 from the committed window", &chain(1), &state0, &mut r);
+    run("T=16 chain", &chain(16), &state0, &mut r);
+    // Depths 0..5: row 0's window holds one pass row and two state rows, row 1's two and one,
+    // row 6's (6 → 4 → 3 → 0) only pass rows.
+    let tree = [-1, 0, 1, 0, 3, 2, 4, 6, 0, 8, 5, 10, 7, 1, 13, 9];
+    run("T=16 tree", &tree, &state0, &mut r);
+    // A 32-row first sub-pass, then later sub-passes from its last row's window, as forward.rs
+    // carries it.
+    let wins = run("T=32 chain", &chain(32), &state0, &mut r);
+    let mut carry = d.alloc_zeros::<f32>(wl).unwrap();
+    d.copy(&wins.slice(31 * wl..32 * wl), &mut carry).unwrap();
+    run("T=1 from a carried window", &chain(1), &carry, &mut r);
+    run("T=16 from a carried window", &chain(16), &carry, &mut r);
 }

@@ -16,11 +16,11 @@ use yomi_models::LogitRows;
 
 use super::CudaModel;
 use super::state::{CudaState, DevLayerState, MAX_ROWS};
-use super::weights::{DevAttn, DevGdn, DevMixer, Proj};
+use super::weights::{DevAttn, DevGdn, DevMixer, GateUp, Proj};
 use crate::attention::AttnDims;
 use crate::ops::GdnDeviceRows;
 use crate::topk::{TOPK_ROW_WORDS, unpack_top};
-use crate::{AttnPrepSources, GdnGateArgs};
+use crate::{AttnPrepSources, GdnConvArgs, GdnGateArgs};
 use yomi_core::GdnShape;
 
 /// The GDN q/k l2-norm epsilon (inside the root), as on the CPU.
@@ -340,7 +340,14 @@ impl CudaModel {
             let i_sz = cfg.intermediate_size;
             let x = b.x.slice(0..n * h_sz);
             match &layer.gate_up {
-                Proj::Fused { w: gu, .. } => {
+                GateUp::Swiglu(gu) => {
+                    if gu.inter != i_sz {
+                        bail!("gate|up of {} columns, not {i_sz}", gu.inter);
+                    }
+                    // GEMV with the SwiGLU epilogue: mlp_g directly, no [n, 2I] round trip.
+                    dev.linear_swiglu(&x, n, gu, None, &mut b.mlp_g.slice_mut(0..n * i_sz))?;
+                }
+                GateUp::Proj(Proj::Fused { w: gu, .. }) => {
                     dev.linear(&x, n, gu, None, &mut b.proj.slice_mut(0..n * 2 * i_sz))?;
                     dev.swiglu_pair(
                         &b.proj.slice(0..n * 2 * i_sz),
@@ -349,7 +356,7 @@ impl CudaModel {
                         &mut b.mlp_g.slice_mut(0..n * i_sz),
                     )?;
                 }
-                Proj::Split(parts) => {
+                GateUp::Proj(Proj::Split(parts)) => {
                     dev.linear(
                         &x,
                         n,
@@ -631,41 +638,71 @@ impl CudaModel {
             dev.copy(&pwin.slice((MAX_ROWS - 1) * wl..MAX_ROWS * wl), carry)?;
         }
         let conv_state: &CudaSlice<f32> = if sub.off > 0 { carry } else { conv };
-        dev.conv1d_tree_strided(
-            &mv,
-            c,
-            ms,
-            kc,
-            conv_state,
-            &w.conv,
-            &b.parents.slice(0..n),
-            n,
-            &mut b.gdn_mc.slice_mut(0..n * c),
-            &mut pwin.slice_mut(0..n * wl),
-        )?;
-        // q/k normed, v copied, and g/β from the in-projection, in one launch.
         let (mut gout, mut bout) = (pg.slice_mut(0..n * hv), pb.slice_mut(0..n * hv));
-        dev.gdn_split_qkv_gate(
-            &b.gdn_mc.slice(0..n * c),
-            n,
-            hk,
-            dk,
-            vd,
-            1.0 / (dk as f32).sqrt(),
-            L2_EPS,
-            &mut b.gdn_q.slice_mut(0..n * kd),
-            &mut pk.slice_mut(0..n * kd),
-            &mut pv.slice_mut(0..n * vd),
-            Some(GdnGateArgs {
-                braw: &bv,
-                araw: &av,
-                stride: abs,
-                neg_exp_a: &w.neg_exp_a,
-                dt_bias: &w.dt_bias,
-                g: &mut gout,
-                beta: &mut bout,
-            }),
-        )?;
+        let gate = GdnGateArgs {
+            braw: &bv,
+            araw: &av,
+            stride: abs,
+            neg_exp_a: &w.neg_exp_a,
+            dt_bias: &w.dt_bias,
+            g: &mut gout,
+            beta: &mut bout,
+        };
+        let parents = b.parents.slice(0..n);
+        let qscale = 1.0 / (dk as f32).sqrt();
+        if fused.is_some() {
+            // Conv, q/k norms, v and g/β in one launch, bit-identical to the two below; the
+            // conv output never goes to memory.
+            dev.gdn_conv_split_qkv_gate(
+                GdnConvArgs {
+                    m: &mv,
+                    m_stride: ms,
+                    kernel: kc,
+                    state: conv_state,
+                    w: &w.conv,
+                    parents: &parents,
+                    windows: &mut pwin.slice_mut(0..n * wl),
+                },
+                n,
+                hk,
+                dk,
+                vd,
+                qscale,
+                L2_EPS,
+                &mut b.gdn_q.slice_mut(0..n * kd),
+                &mut pk.slice_mut(0..n * kd),
+                &mut pv.slice_mut(0..n * vd),
+                Some(gate),
+            )?;
+        } else {
+            // The reference path (split projections, `YOMI_CUDA_FUSE=0`): the conv into gdn_mc,
+            // then q/k normed, v copied and g/β, in one launch.
+            dev.conv1d_tree_strided(
+                &mv,
+                c,
+                ms,
+                kc,
+                conv_state,
+                &w.conv,
+                &parents,
+                n,
+                &mut b.gdn_mc.slice_mut(0..n * c),
+                &mut pwin.slice_mut(0..n * wl),
+            )?;
+            dev.gdn_split_qkv_gate(
+                &b.gdn_mc.slice(0..n * c),
+                n,
+                hk,
+                dk,
+                vd,
+                qscale,
+                L2_EPS,
+                &mut b.gdn_q.slice_mut(0..n * kd),
+                &mut pk.slice_mut(0..n * kd),
+                &mut pv.slice_mut(0..n * vd),
+                Some(gate),
+            )?;
+        }
         let shape = GdnShape { hk, hv, dk, dv };
         let (q, k, v, gg, bb) = (
             b.gdn_q.slice(0..n * kd),
@@ -681,7 +718,6 @@ impl CudaModel {
             g: &gg,
             beta: &bb,
         };
-        let parents = b.parents.slice(0..n);
         let mut o = b.gdn_o.slice_mut(0..n * vd);
         // Buffers are copied, never swapped: a captured graph keeps their addresses.
         if sub.off == 0 && n == 1 && dk.is_multiple_of(32) && dk <= 256 {

@@ -9,7 +9,7 @@ use yomi_models::Model;
 use yomi_models::model::Mixer;
 
 use crate::device::CudaDevice;
-use crate::ops::{DeviceMatrix, WeightDtype};
+use crate::ops::{DeviceMatrix, GateUpMatrix, WeightDtype};
 use crate::quant::QuantFormat;
 
 /// Projections of one input that run together: one matrix of their rows stacked when they are
@@ -33,6 +33,27 @@ impl Proj {
         match self {
             Proj::Fused { w, .. } => w.size_bytes(),
             Proj::Split(v) => v.iter().map(|(m, _)| m.size_bytes()).sum(),
+        }
+    }
+}
+
+/// The MLP's gate and up projections.
+// One per layer, built once: the variants' size difference does not matter.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum GateUp {
+    /// bf16, fused, rows interleaved: one launch writes silu(gate)·up
+    /// ([`CudaDevice::linear_swiglu`], bit-identical to the stacked matrix and `swiglu_pair`).
+    Swiglu(GateUpMatrix),
+    /// Other formats, an intermediate size that is not a multiple of 8, or `YOMI_CUDA_FUSE=0`:
+    /// one stacked matrix then `swiglu_pair`, or two matrices then `swiglu`.
+    Proj(Proj),
+}
+
+impl GateUp {
+    fn bytes(&self) -> usize {
+        match self {
+            GateUp::Swiglu(m) => m.size_bytes(),
+            GateUp::Proj(p) => p.bytes(),
         }
     }
 }
@@ -66,8 +87,7 @@ pub(super) struct DevLayer {
     pub input_norm: CudaSlice<f32>,
     pub post_norm: CudaSlice<f32>,
     pub mixer: DevMixer,
-    /// gate, up.
-    pub gate_up: Proj,
+    pub gate_up: GateUp,
     pub down: DeviceMatrix,
 }
 
@@ -202,6 +222,26 @@ fn upload_proj(
     Ok(Proj::Split(v))
 }
 
+/// The MLP's gate and up: interleaved for the SwiGLU epilogue when `fuse` and both are bf16
+/// [I, K] with I and K multiples of 8, else as [`upload_proj`] uploads them.
+fn upload_gate_up(dev: &CudaDevice, gate: &Matrix, up: &Matrix, fuse: bool) -> Result<GateUp> {
+    if fuse
+        && (gate.rows, gate.cols) == (up.rows, up.cols)
+        && gate.rows.is_multiple_of(8)
+        && gate.cols.is_multiple_of(8)
+        && let (WeightData::Bf16(g), WeightData::Bf16(u)) = (&gate.data, &up.data)
+    {
+        return Ok(GateUp::Swiglu(GateUpMatrix::from_bf16_bits(
+            dev, gate.rows, gate.cols, g, u,
+        )?));
+    }
+    Ok(GateUp::Proj(upload_proj(
+        dev,
+        &[(gate, None), (up, None)],
+        fuse,
+    )?))
+}
+
 fn upload_vec(dev: &CudaDevice, v: &[f32]) -> Result<CudaSlice<f32>> {
     Ok(dev.upload(v)?)
 }
@@ -256,7 +296,7 @@ impl DevWeights {
                 input_norm: upload_vec(dev, &l.input_norm)?,
                 post_norm: upload_vec(dev, &l.post_norm)?,
                 mixer,
-                gate_up: upload_proj(dev, &[(&l.mlp.gate, None), (&l.mlp.up, None)], fuse)?,
+                gate_up: upload_gate_up(dev, &l.mlp.gate, &l.mlp.up, fuse)?,
                 down: upload_matrix(dev, &l.mlp.down)?,
             });
             progress(i + 2, total);
