@@ -259,28 +259,338 @@ ATT_PARTIAL_KERNEL(3, 96)
 ATT_PARTIAL_KERNEL(4, 128)
 ATT_PARTIAL_KERNEL(8, 256)
 
-// Kernel 2 (see the header): one block of hd threads per (row, head).
+// Kernel 2 (see the header): one block of hd threads per (row, head). The splits' (m, l) pairs
+// come to shared memory in one parallel load; each thread then sums its column in split order
+// (the same arithmetic as a serial loop), with the accumulator loads issued unconditionally and
+// unrolled ahead of the FMAs (an empty split's slot is read but not used), so the loads overlap
+// instead of waiting one after another (at T = 1 this kernel has only H blocks).
+#define ATT_COMBINE_MAX_SPLITS 128
+
 extern "C" __global__ void attn_combine_f32(const float* __restrict__ part_acc,
                                             const float* __restrict__ part_ml,
                                             float* __restrict__ out, int splits, int hd,
                                             const float* __restrict__ gate) {
     grid_dep_begin();
+    __shared__ float sml[2 * ATT_COMBINE_MAX_SPLITS];
     const size_t rh = blockIdx.x;
     const int d = threadIdx.x;
     const float* ml = part_ml + rh * splits * 2;
+    for (int i = d; i < 2 * splits; i += blockDim.x) sml[i] = ml[i];
+    __syncthreads();
     float mm = ATT_NINF;
-    for (int s = 0; s < splits; ++s) mm = fmaxf(mm, ml[2 * s]);
+    for (int s = 0; s < splits; ++s) mm = fmaxf(mm, sml[2 * s]);
     float num = 0.0f, den = 0.0f;
     if (mm != ATT_NINF) {
         const float* pa = part_acc + rh * splits * hd + d;
+#pragma unroll 8
         for (int s = 0; s < splits; ++s) {
-            if (ml[2 * s] == ATT_NINF) continue;  // empty split: acc was not written
-            const float f = expf(ml[2 * s] - mm);
-            den = fmaf(f, ml[2 * s + 1], den);
-            num = fmaf(f, pa[(size_t)s * hd], num);
+            const float a = pa[(size_t)s * hd];
+            const float ms = sml[2 * s];
+            // Branch-free, so the unrolled loads are not held behind a branch; an empty split
+            // (m = −inf, its acc unwritten and possibly NaN) leaves both sums untouched.
+            const bool live = ms != ATT_NINF;
+            const float f = expf(live ? ms - mm : 0.0f);
+            den = live ? fmaf(f, sml[2 * s + 1], den) : den;
+            num = live ? fmaf(f, a, num) : num;
         }
     }
     float r = den > 0.0f ? num / den : 0.0f;
     if (gate) r *= 1.0f / (1.0f + expf(-gate[rh * hd + d]));
     out[rh * hd + d] = r;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Kernel 1b, attn_mma_hd<HD>_d<DS>_f32: the same partials as attn_partial (same part_ml /
+// part_acc layout, same combine; splits are whole 16-key tiles) from tensor cores, for passes of
+// several rows, where the SIMT kernel re-reads K/V for every 4 queries and is bound by L1.
+// Grid (S, Hkv, row tiles), block 256 threads = 8 warps = QT query tiles of 16 × DS parts of the
+// head dimension (QT = 1, DS = 8 or QT = 2, DS = 4), dynamic shared memory attn_mma_smem(HD)
+// bytes, two blocks per SM (registers ≤ 128, 83 KB of shared memory at HD = 256: 16 warps per
+// SM hide the latencies that one 8-warp block could not). A block owns one KV head g, one split
+// and up to 32 queries (rows of the tile × the GQA group, query index as in attn_partial). Warp
+// (qt, dp) = (warp / DS, warp % DS) owns queries 16qt … 16qt+15 and head dimensions
+// [dp·HD/DS, (dp+1)·HD/DS); its q fragments stay in registers.
+//
+// Keys go in tiles of 16, double-buffered in shared memory by cp.async (rows past the split's
+// end are zero-filled, so no stale or poisoned value reaches an MMA). Per tile, each warp:
+//   1. its part of S = Q·Kᵀ over its dimensions (m16n8k8 TF32 MMAs);
+//   2. the DS parts of the query tile meet in shared memory and every warp of the tile sums
+//      them in the same order (part 0, 1, …), so all DS warps hold the same S;
+//   3. s = S·scale, masked as in attn_partial; online softmax per query (m, l; the 4 lanes of a
+//      row reduce with xor 1, 2), identical in the DS warps;
+//   4. O[:, its dimensions] += P·V (P through shared memory: the MMA's C and A fragments differ).
+// Precision: every product is done as 3xTF32, x = hi + lo with hi = tf32(x), lo = tf32(x − hi),
+// x·y ≈ hi_x·hi_y + hi_x·lo_y + lo_x·hi_y (the dropped lo·lo term is ~2^−22 relative), in f32
+// accumulators, so the result matches f32 FMAs to ~1e−6 relative (one TF32 product would be off by
+// ~1e−3 and miss the 1e−4 parity bound of the tests).
+// Shared memory (floats; K/V/P rows padded by 4 so fragment loads hit 32 distinct banks):
+//   K [2][16][HD+4], V [2][16][HD+4], S parts [8 warps][16·16], P [8 warps][16][20].
+#define AMMA_KT 16
+#define AMMA_NJ (AMMA_KT / 8)
+#define AMMA_PLD (AMMA_KT + 4)
+#define AMMA_SX (16 * AMMA_KT)
+
+__device__ __forceinline__ u32 amma_smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// 16-byte asynchronous copy global → shared; `bytes` = 0 fills the 16 bytes with zeros.
+__device__ __forceinline__ void amma_cp16(u32 dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void amma_split(float x, u32& hi, u32& lo) {
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
+}
+
+// d += a·b, m16n8k8, A row-major (4 regs), B column-major (2 regs), TF32 in, f32 accumulate.
+__device__ __forceinline__ void amma_mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Barrier of the DS warps of one query tile (named barrier 1 + qt; 0 is __syncthreads).
+__device__ __forceinline__ void amma_tile_sync(int qt, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + qt), "r"(threads) : "memory");
+}
+
+template <int HD, int DS>
+__device__ __forceinline__ void attn_mma(const float* __restrict__ q, const float* __restrict__ kc,
+                                         const float* __restrict__ vc,
+                                         const int* __restrict__ committed,
+                                         const unsigned long long* __restrict__ anc,
+                                         float* __restrict__ part_acc,
+                                         float* __restrict__ part_ml, int t_rows, int words,
+                                         int n_heads, int n_kv, int capacity, float scale,
+                                         int rows_per_tile) {
+    constexpr int LD = HD + 4, CH = HD / 4, DP = HD / DS, KK = DP / 8;
+    static_assert(DP % 8 == 0, "each warp takes whole 8-wide MMA steps of the head");
+    extern __shared__ float amma_sm[];
+    const int nwarps = blockDim.x >> 5;
+    float* Ks = amma_sm;
+    float* Vs = Ks + 2 * AMMA_KT * LD;
+    float* Sx = Vs + 2 * AMMA_KT * LD;
+    float* Ps = Sx + nwarps * AMMA_SX;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int qt = warp / DS, dp = warp % DS, d0 = dp * DP;
+    const int gq = lane >> 2, tq = lane & 3;
+    const int s = blockIdx.x, splits = gridDim.x, g = blockIdx.y;
+    const int group = n_heads / n_kv;
+    const int r0 = blockIdx.z * rows_per_tile;
+    const int nq = min(rows_per_tile, t_rows - r0) * group;
+    const int nc = max(0, min(committed[0], capacity - t_rows));
+    const int n = nc + t_rows;
+    int chunk = (n + splits - 1) / splits;
+    chunk = (chunk + AMMA_KT - 1) / AMMA_KT * AMMA_KT;
+    const int k0 = min(n, s * chunk), k1 = min(n, k0 + chunk);
+    const size_t kv_stride = (size_t)n_kv * HD;
+
+    // Stage a 32-key tile of K and V (keys ≥ k1 as zeros) into buffer `buf`.
+    auto stage = [&](int base, int buf) {
+        for (int c = tid; c < AMMA_KT * CH; c += blockDim.x) {
+            const int r = c / CH, col = (c % CH) * 4;
+            const int key = base + r;
+            const bool ok = key < k1;
+            const size_t off = (size_t)(ok ? key : 0) * kv_stride + (size_t)g * HD + col;
+            amma_cp16(amma_smem_addr(Ks + (buf * AMMA_KT + r) * LD + col), kc + off, ok ? 16 : 0);
+            amma_cp16(amma_smem_addr(Vs + (buf * AMMA_KT + r) * LD + col), vc + off, ok ? 16 : 0);
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+    if (k0 < k1) stage(k0, 0);
+
+    // This thread's two query rows of the warp tile (gq and gq + 8) and their q values at the
+    // A-fragment positions of the warp's dimensions (zeros for padding queries).
+    int qrow[2], qhead[2];
+    float qa[KK][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int qq = 16 * qt + gq + 8 * h;
+        const bool on = qq < nq;
+        qrow[h] = on ? r0 + qq / group : -1;
+        qhead[h] = on ? g * group + qq % group : -1;
+        const float* qp = q + ((size_t)(on ? qrow[h] : 0) * n_heads + (on ? qhead[h] : 0)) * HD + d0;
+#pragma unroll
+        for (int kk = 0; kk < KK; ++kk) {
+            qa[kk][h] = on ? qp[kk * 8 + tq] : 0.0f;
+            qa[kk][2 + h] = on ? qp[kk * 8 + tq + 4] : 0.0f;
+        }
+    }
+    float m[2] = {ATT_NINF, ATT_NINF}, l[2] = {0.0f, 0.0f};
+    float o[KK][4];
+#pragma unroll
+    for (int j = 0; j < KK; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float* Pw = Ps + warp * 16 * AMMA_PLD;
+    float* Sw = Sx + warp * AMMA_SX;
+    const float* St = Sx + qt * DS * AMMA_SX;
+
+    int buf = 0;
+    for (int base = k0; base < k1; base += AMMA_KT, buf ^= 1) {
+        if (base + AMMA_KT < k1) {
+            stage(base + AMMA_KT, buf ^ 1);
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+        } else {
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
+        }
+        __syncthreads();
+        const float* Kt = Ks + buf * AMMA_KT * LD + d0;
+        const float* Vt = Vs + buf * AMMA_KT * LD + d0;
+        // 1. This warp's part of S: main (hi·hi) and correction (hi·lo + lo·hi) accumulators
+        // per 8-key tile j.
+        float sm[AMMA_NJ][4], sc[AMMA_NJ][4];
+#pragma unroll
+        for (int j = 0; j < AMMA_NJ; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sm[j][e] = sc[j][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KK; ++kk) {
+            u32 ah[4], al[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) amma_split(qa[kk][e], ah[e], al[e]);
+#pragma unroll
+            for (int j = 0; j < AMMA_NJ; ++j) {
+                u32 bh0, bl0, bh1, bl1;
+                amma_split(Kt[(j * 8 + gq) * LD + kk * 8 + tq], bh0, bl0);
+                amma_split(Kt[(j * 8 + gq) * LD + kk * 8 + tq + 4], bh1, bl1);
+                amma_mma(sm[j], ah, bh0, bh1);
+                amma_mma(sc[j], ah, bl0, bl1);
+                amma_mma(sc[j], al, bh0, bh1);
+            }
+        }
+        // 2. The parts meet: fragment order (value j·4 + e of lane l at (j·4 + e)·32 + l).
+        float p[AMMA_NJ][4];
+#pragma unroll
+        for (int j = 0; j < AMMA_NJ; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) Sw[(j * 4 + e) * 32 + lane] = sm[j][e] + sc[j][e];
+        amma_tile_sync(qt, 32 * DS);
+#pragma unroll
+        for (int j = 0; j < AMMA_NJ; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float acc = St[(j * 4 + e) * 32 + lane];
+#pragma unroll
+                for (int pp = 1; pp < DS; ++pp) acc += St[pp * AMMA_SX + (j * 4 + e) * 32 + lane];
+                p[j][e] = acc;
+            }
+        // 3. Scores, mask, online softmax. C fragment: [0], [1] at (row gq, keys 2tq, 2tq+1),
+        // [2], [3] at (row gq + 8, same keys).
+        float corr[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float tmax = ATT_NINF;
+#pragma unroll
+            for (int j = 0; j < AMMA_NJ; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int key = base + j * 8 + 2 * tq + e;
+                    bool vis = qrow[h] >= 0 && key < k1;
+                    if (vis && key >= nc) {
+                        const int jj = key - nc;
+                        vis = ((anc[(size_t)qrow[h] * words + (jj >> 6)] >> (jj & 63)) & 1ull) != 0;
+                    }
+                    const float sv = vis ? p[j][2 * h + e] * scale : ATT_NINF;
+                    p[j][2 * h + e] = sv;
+                    tmax = fmaxf(tmax, sv);
+                }
+            tmax = fmaxf(tmax, __shfl_xor_sync(ATT_FULL, tmax, 1));
+            tmax = fmaxf(tmax, __shfl_xor_sync(ATT_FULL, tmax, 2));
+            const float mn = fmaxf(m[h], tmax);
+            const bool live = mn != ATT_NINF;
+            corr[h] = live ? expf(m[h] - mn) : 1.0f;
+            float rs = 0.0f;
+#pragma unroll
+            for (int j = 0; j < AMMA_NJ; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float sv = p[j][2 * h + e];
+                    const float pv = (live && sv != ATT_NINF) ? expf(sv - mn) : 0.0f;
+                    p[j][2 * h + e] = pv;
+                    rs += pv;
+                }
+            rs += __shfl_xor_sync(ATT_FULL, rs, 1);
+            rs += __shfl_xor_sync(ATT_FULL, rs, 2);
+            l[h] = l[h] * corr[h] + rs;
+            m[h] = mn;
+        }
+#pragma unroll
+        for (int j = 0; j < KK; ++j) {
+            o[j][0] *= corr[0];
+            o[j][1] *= corr[0];
+            o[j][2] *= corr[1];
+            o[j][3] *= corr[1];
+        }
+        // 4. P to this warp's shared tile (16 × 16), then O += P V over its dimensions.
+#pragma unroll
+        for (int j = 0; j < AMMA_NJ; ++j) {
+            *(float2*)(Pw + gq * AMMA_PLD + j * 8 + 2 * tq) = make_float2(p[j][0], p[j][1]);
+            *(float2*)(Pw + (gq + 8) * AMMA_PLD + j * 8 + 2 * tq) = make_float2(p[j][2], p[j][3]);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int ks = 0; ks < AMMA_NJ; ++ks) {
+            u32 ah[4], al[4];
+            amma_split(Pw[gq * AMMA_PLD + ks * 8 + tq], ah[0], al[0]);
+            amma_split(Pw[(gq + 8) * AMMA_PLD + ks * 8 + tq], ah[1], al[1]);
+            amma_split(Pw[gq * AMMA_PLD + ks * 8 + tq + 4], ah[2], al[2]);
+            amma_split(Pw[(gq + 8) * AMMA_PLD + ks * 8 + tq + 4], ah[3], al[3]);
+#pragma unroll
+            for (int j = 0; j < KK; ++j) {
+                u32 bh0, bl0, bh1, bl1;
+                amma_split(Vt[(ks * 8 + tq) * LD + j * 8 + gq], bh0, bl0);
+                amma_split(Vt[(ks * 8 + tq + 4) * LD + j * 8 + gq], bh1, bl1);
+                amma_mma(o[j], ah, bl0, bl1);
+                amma_mma(o[j], al, bh0, bh1);
+                amma_mma(o[j], ah, bh0, bh1);
+            }
+        }
+        // Everyone is done with this K/V buffer, S parts and P before the next tile.
+        __syncthreads();
+    }
+
+    // Partials: row gq (h = 0) and gq + 8 (h = 1); O columns d0 + j·8 + 2tq, +1.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        if (qhead[h] < 0) continue;
+        const size_t idx = ((size_t)qrow[h] * n_heads + qhead[h]) * splits + s;
+        if (m[h] != ATT_NINF) {
+            float* pa = part_acc + idx * HD + d0;
+#pragma unroll
+            for (int j = 0; j < KK; ++j)
+                *(float2*)(pa + j * 8 + 2 * tq) = make_float2(o[j][2 * h], o[j][2 * h + 1]);
+        }
+        if (tq == 0 && dp == 0) {
+            part_ml[idx * 2] = m[h];
+            part_ml[idx * 2 + 1] = l[h];
+        }
+    }
+}
+
+// attn_mma_hd<HD>_d<DS>_f32 for the head sizes with a tensor-core path; DS parts of the head
+// per query tile (8 for one query tile, 4 for two: 8 warps per block).
+#define ATT_MMA_KERNEL(HD, DS)                                                                 \
+    extern "C" __global__ void __launch_bounds__(256, 2)                                      \
+        attn_mma_hd##HD##_d##DS##_f32(                                                         \
+            const float* __restrict__ q, const float* __restrict__ kc,                         \
+            const float* __restrict__ vc, const int* __restrict__ committed,                   \
+            const unsigned long long* __restrict__ anc, float* __restrict__ part_acc,          \
+            float* __restrict__ part_ml, int t_rows, int words, int n_heads, int n_kv,         \
+            int capacity, float scale, int rows_per_tile) {                                    \
+        grid_dep_begin();                                                                      \
+        attn_mma<HD, DS>(q, kc, vc, committed, anc, part_acc, part_ml, t_rows, words, n_heads, \
+                         n_kv, capacity, scale, rows_per_tile);                                \
+    }
+
+ATT_MMA_KERNEL(64, 4)
+ATT_MMA_KERNEL(64, 8)
+ATT_MMA_KERNEL(128, 4)
+ATT_MMA_KERNEL(128, 8)
+ATT_MMA_KERNEL(256, 4)
+ATT_MMA_KERNEL(256, 8)

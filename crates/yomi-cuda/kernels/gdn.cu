@@ -186,17 +186,39 @@ extern "C" __global__ void __launch_bounds__(32 * GDN_NW)
 
     for (int c0 = 0; c0 < T; c0 += TV_CH) {
         float psk[TV_CH], psq[TV_CH];
+        // This warp's q values of the chunk's rows (the same for every lane), fetched before
+        // the FMAs: 16-byte loads when the rows allow (per a multiple of 4; q is 16-byte
+        // aligned, checked by the launcher), else one value at a time. The sums below run in
+        // the same order either way.
+        float qv[TV_CH][TV_MAXA];
 #pragma unroll
-        for (int tt = 0; tt < TV_CH; ++tt) psk[tt] = psq[tt] = 0.0f;
+        for (int tt = 0; tt < TV_CH; ++tt) {
+            psk[tt] = psq[tt] = 0.0f;
+            const float* qr = q + ((size_t)min(c0 + tt, T - 1) * hk + kh) * dk + a0;
+            if ((per & 3) == 0) {
+#pragma unroll
+                for (int i4 = 0; i4 < TV_MAXA / 4; ++i4)
+                    if (4 * i4 < per) {
+                        const float4 v4 = __ldg((const float4*)qr + i4);
+                        qv[tt][4 * i4] = v4.x;
+                        qv[tt][4 * i4 + 1] = v4.y;
+                        qv[tt][4 * i4 + 2] = v4.z;
+                        qv[tt][4 * i4 + 3] = v4.w;
+                    }
+            } else {
+#pragma unroll
+                for (int i = 0; i < TV_MAXA; ++i)
+                    if (i < per) qv[tt][i] = __ldg(qr + i);
+            }
+        }
 #pragma unroll
         for (int i = 0; i < TV_MAXA; ++i)
             if (i < per) {
 #pragma unroll
                 for (int tt = 0; tt < TV_CH; ++tt)
                     if (c0 + tt < T) {
-                        const size_t off = ((size_t)(c0 + tt) * hk + kh) * dk + a0 + i;
                         psk[tt] = fmaf(s[i], ks[c0 + tt][a0 + i], psk[tt]);
-                        psq[tt] = fmaf(s[i], __ldg(q + off), psq[tt]);
+                        psq[tt] = fmaf(s[i], qv[tt][i], psq[tt]);
                     }
             }
 #pragma unroll

@@ -27,16 +27,43 @@ const QPW: usize = 4;
 const MAX_WARPS: usize = 8;
 /// Most queries one block holds, hence the largest GQA group (query heads per KV head).
 pub const ATTN_MAX_GROUP: usize = QPW * MAX_WARPS;
-/// Upper bound on the key splits of one launch (bounds the scratch and the combine's loop).
+/// Upper bound on the key splits of one launch (bounds the scratch and the combine kernel's
+/// `ATT_COMBINE_MAX_SPLITS` shared array).
 pub const ATTN_MAX_SPLITS: usize = 128;
 /// The head dimensions with a kernel (`attn_partial_hd{64,128,256}_f32`).
 pub const ATTN_HEAD_DIMS: [usize; 7] = [16, 32, 64, 80, 96, 128, 256];
+/// The head dimensions with a tensor-core partial kernel (`attn_mma_hd*_d*_f32`).
+pub const ATTN_MMA_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+/// Rows from which a pass takes the tensor-core kernel (when the scratch allows it): one row
+/// reads each K/V value for a single query group, which the SIMT kernel streams at the bandwidth;
+/// from two rows on it re-reads K/V per 4 queries and is bound by L1.
+pub const ATTN_MMA_MIN_ROWS: usize = 2;
+/// Keys per shared-memory tile of the tensor-core kernel (`AMMA_KT`); its splits are whole tiles.
+pub const ATTN_MMA_KEY_TILE: usize = 16;
+/// Most queries per block of the tensor-core kernel (2 query tiles of 16) and its warps.
+const MMA_QUERIES: usize = 32;
+const MMA_WARPS: usize = 8;
+/// The parts the head dimension is cut into per query tile (the kernels' DS): all 8 warps work.
+fn mma_head_parts(query_tiles: usize) -> usize {
+    MMA_WARPS / query_tiles.clamp(1, 2)
+}
+
+/// Dynamic shared memory of `attn_mma_hd<hd>_d*_f32`: K and V [2][16][hd+4], S parts
+/// [8][16·16] and P [8][16][20] floats.
+pub fn attn_mma_smem(hd: usize) -> usize {
+    (4 * ATTN_MMA_KEY_TILE * (hd + 4) + MMA_WARPS * (16 * ATTN_MMA_KEY_TILE + 16 * 20)) * 4
+}
 
 pub(crate) fn kernel_names() -> Vec<String> {
     let mut v: Vec<String> = ATTN_HEAD_DIMS
         .iter()
         .map(|hd| format!("attn_partial_hd{hd}_f32"))
         .collect();
+    for hd in ATTN_MMA_HEAD_DIMS {
+        for ds in [4, 8] {
+            v.push(format!("attn_mma_hd{hd}_d{ds}_f32"));
+        }
+    }
     v.push("attn_combine_f32".into());
     v
 }
@@ -84,16 +111,29 @@ pub struct AttnPlan {
     /// Query rows per block; the block's queries are these rows × the GQA group.
     pub rows_per_tile: usize,
     pub row_tiles: usize,
-    /// Warps over queries (ATT_QPW queries each) and over the key batches of the split.
+    /// Warps over queries (ATT_QPW queries each) and over the key batches of the split; for the
+    /// tensor-core kernel, query tiles of 16 and parts of the head dimension.
     pub q_groups: usize,
     pub k_groups: usize,
     /// Key splits (the partial kernel's grid x; the scratch holds this many partials per query).
     pub splits: usize,
+    /// The tensor-core partial kernel (`attn_mma_hd*_d*_f32`: keys in tiles of 32) instead of
+    /// the SIMT one.
+    pub tensor_cores: bool,
 }
 
 impl AttnPlan {
     pub fn threads(&self) -> usize {
         32 * self.q_groups * self.k_groups
+    }
+
+    /// Splits start on multiples of this many keys (the kernel's batch or tile).
+    pub fn key_batch(&self) -> usize {
+        if self.tensor_cores {
+            ATTN_MMA_KEY_TILE
+        } else {
+            ATTN_KEY_BATCH
+        }
     }
 }
 
@@ -126,14 +166,55 @@ pub fn attn_plan(t: usize, dims: AttnDims, capacity: usize, sm_count: usize) -> 
         q_groups,
         k_groups,
         splits,
+        tensor_cores: false,
     }
 }
 
+/// The plan for T rows when the tensor-core kernel may be used from `mma_from` rows on (from
+/// the scratch; None: never): [`attn_plan`] below that or for head sizes without it; else
+/// blocks of up to 32 queries (as many rows as fit, all reading one KV head) in one or two query
+/// tiles of 16, each tile's head dimension cut in 8 or 4 parts (8 warps), and splits for two
+/// blocks per SM.
+pub fn attn_plan_for(
+    t: usize,
+    dims: AttnDims,
+    capacity: usize,
+    sm_count: usize,
+    mma_from: Option<usize>,
+) -> AttnPlan {
+    if mma_from.is_none_or(|m| t < m) || !ATTN_MMA_HEAD_DIMS.contains(&dims.head_dim) {
+        return attn_plan(t, dims, capacity, sm_count);
+    }
+    let group = dims.group().max(1);
+    let rows_per_tile = (MMA_QUERIES / group).clamp(1, t);
+    let row_tiles = t.div_ceil(rows_per_tile);
+    let query_tiles = (rows_per_tile * group).div_ceil(16);
+    let per_sm = 2;
+    let max_splits = ATTN_MAX_SPLITS
+        .min(capacity.div_ceil(ATTN_MMA_KEY_TILE))
+        .max(1);
+    let splits = (per_sm * sm_count.max(1))
+        .div_ceil(dims.n_kv.max(1) * row_tiles)
+        .clamp(1, max_splits);
+    AttnPlan {
+        rows_per_tile,
+        row_tiles,
+        q_groups: query_tiles,
+        k_groups: mma_head_parts(query_tiles),
+        splits,
+        tensor_cores: true,
+    }
+}
+
+fn mma_kernel_name(hd: usize, plan: &AttnPlan) -> String {
+    format!("attn_mma_hd{hd}_d{}_f32", plan.k_groups)
+}
+
 /// The keys split `s` of `splits` covers when `n_keys` (= committed + T) are live: the host mirror
-/// of the kernel's `att_chunk` (chunks of ceil(n/splits) rounded up to whole 16-key batches; the
-/// last splits may be empty).
-pub fn split_range(n_keys: usize, splits: usize, s: usize) -> Range<usize> {
-    let chunk = n_keys.div_ceil(splits.max(1)).div_ceil(ATTN_KEY_BATCH) * ATTN_KEY_BATCH;
+/// of the kernels' chunking (chunks of ceil(n/splits) rounded up to whole `batch`es of keys, the
+/// plan's [`AttnPlan::key_batch`]; the last splits may be empty).
+pub fn split_range(n_keys: usize, splits: usize, batch: usize, s: usize) -> Range<usize> {
+    let chunk = n_keys.div_ceil(splits.max(1)).div_ceil(batch) * batch;
     let k0 = (s * chunk).min(n_keys);
     k0..(k0 + chunk).min(n_keys)
 }
@@ -164,15 +245,23 @@ pub struct AttnScratchShape {
     pub dims: AttnDims,
     pub capacity: usize,
     pub sm_count: usize,
+    /// Passes of at least this many rows take the tensor-core kernel (see [`attn_plan_for`]);
+    /// None: never (no kernel for the head size, an old GPU, or switched off).
+    pub mma_from: Option<usize>,
 }
 
 impl AttnScratchShape {
+    /// The plan a launch of T rows uses.
+    pub fn plan(&self, t: usize) -> AttnPlan {
+        attn_plan_for(t, self.dims, self.capacity, self.sm_count, self.mma_from)
+    }
+
     /// The most (row, split) partials per head any T ≤ t_max writes: max over T of T · splits(T).
     /// The split count falls as T grows, so this is far below t_max · splits(1) (Qwen3.5 shape on
     /// an H200, t_max = 32: 544 against 2112).
     pub fn max_partials(&self) -> usize {
         (1..=self.t_max.max(1))
-            .map(|t| t * attn_plan(t, self.dims, self.capacity, self.sm_count).splits)
+            .map(|t| t * self.plan(t).splits)
             .max()
             .unwrap_or(1)
     }
@@ -199,24 +288,78 @@ pub struct AttnScratch {
 
 impl AttnScratch {
     /// Allocates the scratch for up to `t_max` rows of `dims` over a cache of `capacity` rows, with
-    /// the split counts planned for this device's SM count.
+    /// the split counts planned for this device's SM count. Passes of several rows take the
+    /// tensor-core kernel where the device and head size allow it, unless `YOMI_CUDA_ATTN_MMA=0`.
     pub fn new(dev: &CudaDevice, t_max: usize, dims: AttnDims, capacity: usize) -> Result<Self> {
+        let allow = std::env::var("YOMI_CUDA_ATTN_MMA").map_or(true, |v| v != "0");
+        Self::with_kernels(
+            dev,
+            t_max,
+            dims,
+            capacity,
+            allow.then_some(ATTN_MMA_MIN_ROWS),
+        )
+    }
+
+    /// [`AttnScratch::new`] with the tensor-core kernel from `mma_from` rows on (None: never),
+    /// where the device and head size allow it (tests and benchmarks try each).
+    pub fn with_kernels(
+        dev: &CudaDevice,
+        t_max: usize,
+        dims: AttnDims,
+        capacity: usize,
+        mma_from: Option<usize>,
+    ) -> Result<Self> {
         dims.check()?;
         ensure!(t_max > 0, "attention scratch: t_max must be at least 1");
         ensure!(
             capacity >= t_max,
             "attention scratch: capacity {capacity} is below t_max {t_max}"
         );
-        let sm = guard("attention scratch", || {
-            dev.context()
-                .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-                .map_err(|e| CudaError::driver("cuDeviceGetAttribute(SM count)", e))
-        })?;
+        let attr = |a: CUdevice_attribute, what: &str| {
+            guard("attention scratch", || {
+                dev.context()
+                    .attribute(a)
+                    .map_err(|e| CudaError::driver(format!("cuDeviceGetAttribute({what})"), e))
+            })
+        };
+        let sm = attr(
+            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            "SM count",
+        )?;
+        let major = attr(
+            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+            "compute capability",
+        )?;
+        let smem_optin = attr(
+            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            "shared memory per block",
+        )?;
+        let hd = dims.head_dim;
+        // TF32 MMAs need sm_80, and the tiles must fit the block's shared memory.
+        let tensor_cores = mma_from.is_some()
+            && ATTN_MMA_HEAD_DIMS.contains(&hd)
+            && major >= 8
+            && smem_optin.max(0) as usize >= attn_mma_smem(hd);
+        if tensor_cores {
+            // Above 48 KB a kernel's dynamic shared memory must be opted into, once per function.
+            for ds in [4, 8] {
+                let f = dev.func(Module::Attn, &format!("attn_mma_hd{hd}_d{ds}_f32"))?;
+                guard("attention scratch", || {
+                    f.set_attribute(
+                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        attn_mma_smem(hd) as i32,
+                    )
+                    .map_err(|e| CudaError::driver("cuFuncSetAttribute(dynamic shared memory)", e))
+                })?;
+            }
+        }
         let shape = AttnScratchShape {
             t_max,
             dims,
             capacity,
             sm_count: sm.max(1) as usize,
+            mma_from: mma_from.filter(|_| tensor_cores),
         };
         Ok(AttnScratch {
             acc: dev.alloc_zeros(shape.acc_len())?,
@@ -229,9 +372,32 @@ impl AttnScratch {
         self.shape
     }
 
+    /// Registers per thread and local (spilled) bytes of the kernel a pass of T rows takes, when
+    /// it is the tensor-core one (benchmarks print them).
+    pub fn tensor_core_kernel_resources(
+        &self,
+        dev: &CudaDevice,
+        t: usize,
+    ) -> Result<Option<(i32, i32)>> {
+        let p = self.plan(t);
+        if !p.tensor_cores {
+            return Ok(None);
+        }
+        let f = dev.func(Module::Attn, &mma_kernel_name(self.shape.dims.head_dim, &p))?;
+        guard("kernel attributes", || {
+            let regs = f
+                .num_regs()
+                .map_err(|e| CudaError::driver("cuFuncGetAttribute(NUM_REGS)", e))?;
+            let local = f
+                .local_size_bytes()
+                .map_err(|e| CudaError::driver("cuFuncGetAttribute(LOCAL_SIZE_BYTES)", e))?;
+            Ok(Some((regs, local)))
+        })
+    }
+
     /// The plan a launch of T rows uses.
     pub fn plan(&self, t: usize) -> AttnPlan {
-        attn_plan(t, self.shape.dims, self.shape.capacity, self.shape.sm_count)
+        self.shape.plan(t)
     }
 }
 
@@ -306,7 +472,7 @@ pub(crate) fn check_attention(
         "attention: anc has {} words, not [T={t}, words={words}]",
         lens.anc
     );
-    let plan = attn_plan(t, dims, capacity, scratch.sm_count);
+    let plan = scratch.plan(t);
     // Holds by construction (max_partials is the maximum over T); checked so that a future change
     // of the plan cannot make the kernels write past the scratch.
     ensure!(
@@ -386,7 +552,17 @@ impl CudaDevice {
         };
         let plan = check_attention(lens, t, words, dims, capacity, scratch.shape)?;
         let hd = dims.head_dim;
-        let pname = format!("attn_partial_hd{hd}_f32");
+        if plan.tensor_cores {
+            ensure!(
+                dptr(q, self.stream()).is_multiple_of(16),
+                "attention: q must start 16-byte aligned (the tensor-core kernel reads it in 16-byte loads)"
+            );
+        }
+        let pname = if plan.tensor_cores {
+            mma_kernel_name(hd, &plan)
+        } else {
+            format!("attn_partial_hd{hd}_f32")
+        };
         let fp = self.func(Module::Attn, &pname)?;
         let fc = self.func(Module::Attn, "attn_combine_f32")?;
         let ints = [
@@ -401,7 +577,11 @@ impl CudaDevice {
         let cfg_p = LaunchConfig {
             grid_dim: (plan.splits as u32, dims.n_kv as u32, plan.row_tiles as u32),
             block_dim: (plan.threads() as u32, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: if plan.tensor_cores {
+                attn_mma_smem(hd) as u32
+            } else {
+                0
+            },
         };
         let cfg_c = LaunchConfig {
             grid_dim: ((t * dims.n_heads) as u32, 1, 1),
@@ -428,11 +608,14 @@ impl CudaDevice {
                 b.arg(a);
             }
             b.arg(&scale);
-            for a in &tile {
+            // The tensor-core kernel has no q_groups argument (its warps are fixed).
+            let n_tile = if plan.tensor_cores { 1 } else { 2 };
+            for a in &tile[..n_tile] {
                 b.arg(a);
             }
-            // SAFETY: argument types match `attn_partial_hd*_f32`; lengths checked above, and the
-            // scratch holds T·H·splits partials (check_attention).
+            // SAFETY: argument types match `attn_partial_hd*_f32` / `attn_mma_hd*_f32`; lengths
+            // checked above, and the scratch holds T·H·splits partials (check_attention); the
+            // tensor-core kernel's shared memory was opted into when the scratch was made.
             unsafe { b.launch(cfg_p) }.map_err(launch_err(&pname))?;
             let gp = gate.map_or(0, |g| dptr(g, st));
             let mut b = self.launch(&fc);
@@ -475,6 +658,7 @@ mod tests {
             dims,
             capacity: CAP,
             sm_count: 132,
+            mma_from: None,
         }
     }
 
@@ -542,7 +726,7 @@ mod tests {
             for n in [1, 2, 15, 16, 17, 101, 1001, 8001, 8192 + 64] {
                 let mut next = 0;
                 for s in 0..splits {
-                    let r = split_range(n, splits, s);
+                    let r = split_range(n, splits, ATTN_KEY_BATCH, s);
                     assert_eq!(r.start, next, "n={n} splits={splits} s={s}");
                     assert!(r.end >= r.start);
                     // Every split but the one holding the end starts on a batch boundary and is
@@ -559,9 +743,69 @@ mod tests {
             }
         }
         // 8001 live keys over 66 splits: 122 → 128 per split, 63 splits busy, 3 empty.
-        assert_eq!(split_range(8001, 66, 0), 0..128);
-        assert_eq!(split_range(8001, 66, 62), 7936..8001);
-        assert!(split_range(8001, 66, 63).is_empty());
+        assert_eq!(split_range(8001, 66, 16, 0), 0..128);
+        assert_eq!(split_range(8001, 66, 16, 62), 7936..8001);
+        assert!(split_range(8001, 66, 16, 63).is_empty());
+        // The tensor-core kernel's 32-key tiles: 8001 over 33 splits → 243 → 256 per split.
+        assert_eq!(split_range(8001, 33, 32, 0), 0..256);
+        assert_eq!(split_range(8001, 33, 32, 31), 7936..8001);
+        assert!(split_range(8001, 33, 32, 32).is_empty());
+    }
+
+    #[test]
+    fn tensor_core_plans_hold_every_query_in_eight_warps() {
+        for dims in [QWEN, LLAMA, SMOL] {
+            for t in 1..=32 {
+                let p = attn_plan_for(t, dims, CAP, 132, Some(ATTN_MMA_MIN_ROWS));
+                if t < ATTN_MMA_MIN_ROWS {
+                    assert_eq!(p, attn_plan(t, dims, CAP, 132));
+                    continue;
+                }
+                assert!(p.tensor_cores, "{dims:?} T={t}");
+                // Query tiles hold the block's queries; 4 to 8 warps; a kernel exists.
+                assert!(p.rows_per_tile * dims.group() <= MMA_QUERIES);
+                assert!(p.q_groups * 16 >= p.rows_per_tile * dims.group());
+                assert_eq!(p.q_groups * p.k_groups, MMA_WARPS);
+                assert!(kernel_names().contains(&mma_kernel_name(dims.head_dim, &p)));
+                assert!(p.rows_per_tile * p.row_tiles >= t);
+                assert!((p.row_tiles - 1) * p.rows_per_tile < t, "no empty tile");
+                assert!((1..=ATTN_MAX_SPLITS).contains(&p.splits));
+                assert_eq!(p.key_batch(), ATTN_MMA_KEY_TILE);
+                // Without tensor cores the plan is the SIMT one.
+                assert_eq!(
+                    attn_plan_for(t, dims, CAP, 132, None),
+                    attn_plan(t, dims, CAP, 132)
+                );
+            }
+        }
+        // Qwen3.5 at 16 rows: two blocks of 8 rows × 4 heads per KV head and split, two query
+        // tiles of 16 with the head cut in 4; 33 splits × 4 KV heads × 2 = 264 blocks.
+        let p = attn_plan_for(16, QWEN, CAP, 132, Some(2));
+        assert_eq!((p.rows_per_tile, p.row_tiles, p.splits), (8, 2, 33));
+        assert_eq!((p.q_groups, p.k_groups), (2, 4));
+        // Two rows: 8 queries in one tile, the head cut in 8 parts.
+        let p = attn_plan_for(2, QWEN, CAP, 132, Some(2));
+        assert_eq!((p.q_groups, p.k_groups, p.splits), (1, 8, 66));
+        // Llama (32/8 heads of 128) at 16 rows.
+        let p = attn_plan_for(16, LLAMA, CAP, 132, Some(2));
+        assert_eq!((p.rows_per_tile, p.row_tiles, p.splits), (8, 2, 17));
+        // Head sizes without the kernel keep the SIMT plan.
+        let odd = AttnDims {
+            head_dim: 80,
+            ..QWEN
+        };
+        assert!(!attn_plan_for(16, odd, CAP, 132, Some(2)).tensor_cores);
+        // Qwen3.5's 256-wide heads take 83 KB of shared memory: two blocks fit an SM.
+        assert_eq!(attn_mma_smem(256), 84_992);
+        // The scratch sized with tensor cores holds their plans too.
+        let s = AttnScratchShape {
+            mma_from: Some(1),
+            ..shape(32, QWEN)
+        };
+        for t in 1..=32 {
+            let p = s.plan(t);
+            assert!(t * p.splits <= s.max_partials());
+        }
     }
 
     #[test]
@@ -670,6 +914,11 @@ mod tests {
         let names = kernel_names();
         for hd in ATTN_HEAD_DIMS {
             assert!(names.contains(&format!("attn_partial_hd{hd}_f32")));
+        }
+        for hd in ATTN_MMA_HEAD_DIMS {
+            for ds in [4, 8] {
+                assert!(names.contains(&format!("attn_mma_hd{hd}_d{ds}_f32")));
+            }
         }
         assert!(names.contains(&"attn_combine_f32".to_string()));
     }

@@ -39,7 +39,8 @@ mod topk;
 
 pub use attention::{
     ATTN_HEAD_DIMS, ATTN_KEY_BATCH, ATTN_MAX_GROUP, ATTN_MAX_SPLITS, AttnDims, AttnPlan,
-    AttnScratch, AttnScratchShape, ancestor_bits, attn_plan, split_range,
+    AttnScratch, AttnScratchShape, ancestor_bits, attn_mma_smem, attn_plan, attn_plan_for,
+    split_range,
 };
 pub use conv::CONV_MAX_K;
 pub use cudarc::driver::{CudaContext, CudaSlice, CudaStream};

@@ -146,11 +146,20 @@ fn run_attention(
 #[ignore = "needs a CUDA device"]
 fn attention_tree_matches_cpu() {
     let d = dev();
-    for (di, dims) in [QWEN, LLAMA, SMOL].into_iter().enumerate() {
+    // Each shape with the SIMT kernel only, then with the tensor-core kernel from one row on.
+    let cases = [QWEN, LLAMA, SMOL]
+        .into_iter()
+        .flat_map(|dims| [(dims, None), (dims, Some(1))]);
+    for (di, (dims, tc)) in cases.enumerate() {
         let mut r = Rng::new(10 + di as u64);
         let row = dims.n_kv * dims.head_dim;
         let (k, v) = (r.vec(CAP * row, 1.0), r.vec(CAP * row, 1.0));
-        let mut scratch = AttnScratch::new(&d, 32, dims, CAP).unwrap();
+        let mut scratch = AttnScratch::with_kernels(&d, 32, dims, CAP, tc).unwrap();
+        assert_eq!(
+            scratch.shape().mma_from,
+            tc,
+            "{dims:?}: tensor cores unavailable"
+        );
         let scale = 1.0 / (dims.head_dim as f32).sqrt();
         let mut worst = 0.0f32;
         for committed in [0usize, 1, 100, 1000, 8000] {
@@ -165,10 +174,11 @@ fn attention_tree_matches_cpu() {
                 worst = worst.max(rel);
                 let p = scratch.plan(t);
                 let case = format!(
-                    "{}/{} heads of {} committed={committed} {name} (splits {}, tiles {}, {}x{} warps)",
+                    "{}/{} heads of {} committed={committed} {name} ({}, splits {}, tiles {}, {}x{} warps)",
                     dims.n_heads,
                     dims.n_kv,
                     dims.head_dim,
+                    if p.tensor_cores { "mma" } else { "simt" },
                     p.splits,
                     p.row_tiles,
                     p.q_groups,
@@ -189,7 +199,7 @@ fn attention_tree_matches_cpu() {
             }
         }
         println!(
-            "RESULT parity attention {}/{} heads of {}: worst max|Δ|/max|ref| {worst:.2e} over all cases",
+            "RESULT parity attention {}/{} heads of {} (tensor cores from rows {tc:?}): worst max|Δ|/max|ref| {worst:.2e} over all cases",
             dims.n_heads, dims.n_kv, dims.head_dim
         );
     }
@@ -204,9 +214,12 @@ fn attention_tree_matches_cpu_with_peaked_scores() {
     let mut r = Rng::new(3);
     let row = dims.n_kv * dims.head_dim;
     let (k, v) = (r.vec(CAP * row, 1.0), r.vec(CAP * row, 1.0));
-    let mut scratch = AttnScratch::new(&d, 32, dims, CAP).unwrap();
     let scale = 8.0 / (dims.head_dim as f32).sqrt();
-    for committed in [0usize, 1000, 8000] {
+    for (tc, committed) in [None, Some(1)]
+        .into_iter()
+        .flat_map(|tc| [0usize, 1000, 8000].map(|c| (tc, c)))
+    {
+        let mut scratch = AttnScratch::with_kernels(&d, 32, dims, CAP, tc).unwrap();
         for (name, parents) in tree_cases(&[1, 16], 50) {
             let tree = TreeBatch::from_parents(&parents).unwrap();
             let q = r.vec(tree.len() * dims.n_heads * dims.head_dim, 2.0);
@@ -214,7 +227,7 @@ fn attention_tree_matches_cpu_with_peaked_scores() {
                 run_attention(&d, dims, &k, &v, &q, committed, &tree, scale, &mut scratch);
             let e = compare(&got, &want);
             println!(
-                "RESULT parity attention peaked committed={committed} {name}: max|Δ| {:.2e} max|ref| {:.2e}",
+                "RESULT parity attention peaked (tensor cores from rows {tc:?}) committed={committed} {name}: max|Δ| {:.2e} max|ref| {:.2e}",
                 e.max_abs, e.max_ref
             );
             assert!(
@@ -384,7 +397,18 @@ fn z_attention_timing() {
     let caches: Vec<(CudaSlice<f32>, CudaSlice<f32>)> = (0..layers)
         .map(|_| (d.upload(&kv).unwrap(), d.upload(&kv).unwrap()))
         .collect();
-    for t in [1usize, 16] {
+    for (t, tc) in [
+        (1usize, false),
+        (1, true),
+        (2, false),
+        (2, true),
+        (4, false),
+        (4, true),
+        (8, true),
+        (16, false),
+        (16, true),
+        (32, true),
+    ] {
         let tree = TreeBatch::chain(t);
         let mut bits = Vec::new();
         let words = ancestor_bits(&tree, &mut bits);
@@ -392,7 +416,12 @@ fn z_attention_timing() {
         let qd = d
             .upload(&r.vec(t * dims.n_heads * dims.head_dim, 2.0))
             .unwrap();
-        let mut scratch = AttnScratch::new(&d, t, dims, CAP).unwrap();
+        let mut scratch = AttnScratch::with_kernels(&d, t, dims, CAP, tc.then_some(1)).unwrap();
+        if let Some((regs, local)) = scratch.tensor_core_kernel_resources(&d, t).unwrap() {
+            println!(
+                "RESULT attn_mma_hd256 T={t}: {regs} registers per thread, {local} local bytes"
+            );
+        }
         let mut out = d
             .alloc_zeros::<f32>(t * dims.n_heads * dims.head_dim)
             .unwrap();
@@ -434,7 +463,8 @@ fn z_attention_timing() {
                 .map(|g| format!("graph {:.2} µs {:.0} GB/s", g * 1e3, gbs(g)))
                 .unwrap_or_else(|| "graph capture failed".into());
             println!(
-                "RESULT attention 16/4x256 T={t:<2} committed={committed:<5} (splits {}, tiles {}, {}x{} warps): {:.2} µs {:.0} GB/s | {graph}",
+                "RESULT attention 16/4x256 T={t:<2} committed={committed:<5} ({}, splits {}, tiles {}, {}x{} warps): {:.2} µs {:.0} GB/s | {graph}",
+                if p.tensor_cores { "mma" } else { "simt" },
                 p.splits,
                 p.row_tiles,
                 p.q_groups,
