@@ -305,11 +305,11 @@ extern "C" __global__ void attn_combine_f32(const float* __restrict__ part_acc,
 // several rows, where the SIMT kernel re-reads K/V for every 4 queries and is bound by L1.
 // Grid (S, Hkv, row tiles), block 256 threads = 8 warps = QT query tiles of 16 × DS parts of the
 // head dimension (QT = 1, DS = 8 or QT = 2, DS = 4), dynamic shared memory attn_mma_smem(HD)
-// bytes, two blocks per SM (registers ≤ 128, 83 KB of shared memory at HD = 256: 16 warps per
+// bytes, two blocks per SM (registers ≤ 128, 106 KB of shared memory at HD = 256: 16 warps per
 // SM hide the latencies that one 8-warp block could not). A block owns one KV head g, one split
-// and up to 32 queries (rows of the tile × the GQA group, query index as in attn_partial). Warp
-// (qt, dp) = (warp / DS, warp % DS) owns queries 16qt … 16qt+15 and head dimensions
-// [dp·HD/DS, (dp+1)·HD/DS); its q fragments stay in registers.
+// and up to 32 queries (rows of the tile × the GQA group, query index as in attn_partial), staged
+// in shared memory. Warp (qt, dp) = (warp / DS, warp % DS) owns queries 16qt … 16qt+15 and head
+// dimensions [dp·HD/DS, (dp+1)·HD/DS).
 //
 // Keys go in tiles of 16, double-buffered in shared memory by cp.async (rows past the split's
 // end are zero-filled, so no stale or poisoned value reaches an MMA). Per tile, each warp:
@@ -318,16 +318,19 @@ extern "C" __global__ void attn_combine_f32(const float* __restrict__ part_acc,
 //      them in the same order (part 0, 1, …), so all DS warps hold the same S;
 //   3. s = S·scale, masked as in attn_partial; online softmax per query (m, l; the 4 lanes of a
 //      row reduce with xor 1, 2), identical in the DS warps;
-//   4. O[:, its dimensions] += P·V (P through shared memory: the MMA's C and A fragments differ).
+//   4. O[:, its dimensions] += P·V with P straight from registers: the m16n8k8 A fragment wants
+//      keys t and t+4 of an 8-key step where the S fragment holds keys 2t and 2t+1, so the PV
+//      step takes its keys in the order 0, 2, 4, 6, 1, 3, 5, 7 (a sum over keys does not care)
+//      and reads V rows 2t and 2t+1 for them.
 // Precision: every product is done as 3xTF32, x = hi + lo with hi = tf32(x), lo = tf32(x − hi),
 // x·y ≈ hi_x·hi_y + hi_x·lo_y + lo_x·hi_y (the dropped lo·lo term is ~2^−22 relative), in f32
 // accumulators, so the result matches f32 FMAs to ~1e−6 relative (one TF32 product would be off by
 // ~1e−3 and miss the 1e−4 parity bound of the tests).
-// Shared memory (floats; K/V/P rows padded by 4 so fragment loads hit 32 distinct banks):
-//   K [2][16][HD+4], V [2][16][HD+4], S parts [8 warps][16·16], P [8 warps][16][20].
+// Shared memory (floats; rows padded by 4 so fragment loads hit 32 distinct banks):
+//   K [2][16][HD+4], V [2][16][HD+4], Q [32][HD+4], S parts [8 warps][16·16].
 #define AMMA_KT 16
 #define AMMA_NJ (AMMA_KT / 8)
-#define AMMA_PLD (AMMA_KT + 4)
+#define AMMA_QB 32
 #define AMMA_SX (16 * AMMA_KT)
 
 __device__ __forceinline__ u32 amma_smem_addr(const void* p) {
@@ -373,11 +376,10 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const floa
     constexpr int LD = HD + 4, CH = HD / 4, DP = HD / DS, KK = DP / 8;
     static_assert(DP % 8 == 0, "each warp takes whole 8-wide MMA steps of the head");
     extern __shared__ float amma_sm[];
-    const int nwarps = blockDim.x >> 5;
     float* Ks = amma_sm;
     float* Vs = Ks + 2 * AMMA_KT * LD;
-    float* Sx = Vs + 2 * AMMA_KT * LD;
-    float* Ps = Sx + nwarps * AMMA_SX;
+    float* Qs = Vs + 2 * AMMA_KT * LD;
+    float* Sx = Qs + AMMA_QB * LD;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int qt = warp / DS, dp = warp % DS, d0 = dp * DP;
     const int gq = lane >> 2, tq = lane & 3;
@@ -392,7 +394,7 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const floa
     const int k0 = min(n, s * chunk), k1 = min(n, k0 + chunk);
     const size_t kv_stride = (size_t)n_kv * HD;
 
-    // Stage a 32-key tile of K and V (keys ≥ k1 as zeros) into buffer `buf`.
+    // Stage a 16-key tile of K and V (keys ≥ k1 as zeros) into buffer `buf`.
     auto stage = [&](int base, int buf) {
         for (int c = tid; c < AMMA_KT * CH; c += blockDim.x) {
             const int r = c / CH, col = (c % CH) * 4;
@@ -406,28 +408,30 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const floa
     };
     if (k0 < k1) stage(k0, 0);
 
-    // This thread's two query rows of the warp tile (gq and gq + 8) and their q values at the
-    // A-fragment positions of the warp's dimensions (zeros for padding queries).
+    // The block's queries (zeros past nq); the loop's first barrier publishes them.
+    for (int c = tid; c < AMMA_QB * CH; c += blockDim.x) {
+        const int qq = c / CH, col = (c % CH) * 4;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (qq < nq) {
+            const int row = r0 + qq / group, head = g * group + qq % group;
+            v = *(const float4*)(q + ((size_t)row * n_heads + head) * HD + col);
+        }
+        *(float4*)(Qs + qq * LD + col) = v;
+    }
+    // This thread's two query rows of the warp tile: gq and gq + 8.
     int qrow[2], qhead[2];
-    float qa[KK][4];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int qq = 16 * qt + gq + 8 * h;
         const bool on = qq < nq;
         qrow[h] = on ? r0 + qq / group : -1;
         qhead[h] = on ? g * group + qq % group : -1;
-        const float* qp = q + ((size_t)(on ? qrow[h] : 0) * n_heads + (on ? qhead[h] : 0)) * HD + d0;
-#pragma unroll
-        for (int kk = 0; kk < KK; ++kk) {
-            qa[kk][h] = on ? qp[kk * 8 + tq] : 0.0f;
-            qa[kk][2 + h] = on ? qp[kk * 8 + tq + 4] : 0.0f;
-        }
     }
+    const float* Qw = Qs + 16 * qt * LD + d0;
     float m[2] = {ATT_NINF, ATT_NINF}, l[2] = {0.0f, 0.0f};
     float o[KK][4];
 #pragma unroll
     for (int j = 0; j < KK; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    float* Pw = Ps + warp * 16 * AMMA_PLD;
     float* Sw = Sx + warp * AMMA_SX;
     const float* St = Sx + qt * DS * AMMA_SX;
 
@@ -452,8 +456,10 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const floa
 #pragma unroll
         for (int kk = 0; kk < KK; ++kk) {
             u32 ah[4], al[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) amma_split(qa[kk][e], ah[e], al[e]);
+            amma_split(Qw[gq * LD + kk * 8 + tq], ah[0], al[0]);
+            amma_split(Qw[(gq + 8) * LD + kk * 8 + tq], ah[1], al[1]);
+            amma_split(Qw[gq * LD + kk * 8 + tq + 4], ah[2], al[2]);
+            amma_split(Qw[(gq + 8) * LD + kk * 8 + tq + 4], ah[3], al[3]);
 #pragma unroll
             for (int j = 0; j < AMMA_NJ; ++j) {
                 u32 bh0, bl0, bh1, bl1;
@@ -527,31 +533,26 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const floa
             o[j][2] *= corr[1];
             o[j][3] *= corr[1];
         }
-        // 4. P to this warp's shared tile (16 × 16), then O += P V over its dimensions.
-#pragma unroll
-        for (int j = 0; j < AMMA_NJ; ++j) {
-            *(float2*)(Pw + gq * AMMA_PLD + j * 8 + 2 * tq) = make_float2(p[j][0], p[j][1]);
-            *(float2*)(Pw + (gq + 8) * AMMA_PLD + j * 8 + 2 * tq) = make_float2(p[j][2], p[j][3]);
-        }
-        __syncwarp();
+        // 4. O += P V over its dimensions. A fragment of step ks from the S fragment of keys
+        // ks·8 … +7 (order 0, 2, 4, 6, 1, 3, 5, 7: position t ↔ key 2t, t + 4 ↔ key 2t + 1).
 #pragma unroll
         for (int ks = 0; ks < AMMA_NJ; ++ks) {
             u32 ah[4], al[4];
-            amma_split(Pw[gq * AMMA_PLD + ks * 8 + tq], ah[0], al[0]);
-            amma_split(Pw[(gq + 8) * AMMA_PLD + ks * 8 + tq], ah[1], al[1]);
-            amma_split(Pw[gq * AMMA_PLD + ks * 8 + tq + 4], ah[2], al[2]);
-            amma_split(Pw[(gq + 8) * AMMA_PLD + ks * 8 + tq + 4], ah[3], al[3]);
+            amma_split(p[ks][0], ah[0], al[0]);
+            amma_split(p[ks][2], ah[1], al[1]);
+            amma_split(p[ks][1], ah[2], al[2]);
+            amma_split(p[ks][3], ah[3], al[3]);
 #pragma unroll
             for (int j = 0; j < KK; ++j) {
                 u32 bh0, bl0, bh1, bl1;
-                amma_split(Vt[(ks * 8 + tq) * LD + j * 8 + gq], bh0, bl0);
-                amma_split(Vt[(ks * 8 + tq + 4) * LD + j * 8 + gq], bh1, bl1);
+                amma_split(Vt[(ks * 8 + 2 * tq) * LD + j * 8 + gq], bh0, bl0);
+                amma_split(Vt[(ks * 8 + 2 * tq + 1) * LD + j * 8 + gq], bh1, bl1);
                 amma_mma(o[j], ah, bl0, bl1);
                 amma_mma(o[j], al, bh0, bh1);
                 amma_mma(o[j], ah, bh0, bh1);
             }
         }
-        // Everyone is done with this K/V buffer, S parts and P before the next tile.
+        // Everyone is done with this K/V buffer and the S parts before the next tile.
         __syncthreads();
     }
 

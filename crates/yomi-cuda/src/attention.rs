@@ -34,10 +34,12 @@ pub const ATTN_MAX_SPLITS: usize = 128;
 pub const ATTN_HEAD_DIMS: [usize; 7] = [16, 32, 64, 80, 96, 128, 256];
 /// The head dimensions with a tensor-core partial kernel (`attn_mma_hd*_d*_f32`).
 pub const ATTN_MMA_HEAD_DIMS: [usize; 3] = [64, 128, 256];
-/// Rows from which a pass takes the tensor-core kernel (when the scratch allows it): one row
-/// reads each K/V value for a single query group, which the SIMT kernel streams at the bandwidth;
-/// from two rows on it re-reads K/V per 4 queries and is bound by L1.
-pub const ATTN_MMA_MIN_ROWS: usize = 2;
+/// Rows from which a pass takes the tensor-core kernel (when the scratch allows it). From two
+/// rows on the SIMT kernel re-reads K/V per 4 queries and is bound by L1; at one row both stream
+/// K/V alike at long contexts, but the tensor-core kernel's shorter chain per key tile halves the
+/// time at short ones (bench/RESULTS.md), so it takes every pass. `YOMI_CUDA_ATTN_MMA=<rows>`
+/// moves the threshold, `=0` keeps the SIMT kernel for all.
+pub const ATTN_MMA_MIN_ROWS: usize = 1;
 /// Keys per shared-memory tile of the tensor-core kernel (`AMMA_KT`); its splits are whole tiles.
 pub const ATTN_MMA_KEY_TILE: usize = 16;
 /// Most queries per block of the tensor-core kernel (2 query tiles of 16) and its warps.
@@ -48,10 +50,10 @@ fn mma_head_parts(query_tiles: usize) -> usize {
     MMA_WARPS / query_tiles.clamp(1, 2)
 }
 
-/// Dynamic shared memory of `attn_mma_hd<hd>_d*_f32`: K and V [2][16][hd+4], S parts
-/// [8][16·16] and P [8][16][20] floats.
+/// Dynamic shared memory of `attn_mma_hd<hd>_d*_f32`: K and V [2][16][hd+4], Q [32][hd+4]
+/// and S parts [8][16·16] floats.
 pub fn attn_mma_smem(hd: usize) -> usize {
-    (4 * ATTN_MMA_KEY_TILE * (hd + 4) + MMA_WARPS * (16 * ATTN_MMA_KEY_TILE + 16 * 20)) * 4
+    ((4 * ATTN_MMA_KEY_TILE + MMA_QUERIES) * (hd + 4) + MMA_WARPS * 16 * ATTN_MMA_KEY_TILE) * 4
 }
 
 pub(crate) fn kernel_names() -> Vec<String> {
@@ -206,6 +208,16 @@ pub fn attn_plan_for(
     }
 }
 
+/// The tensor-core threshold from `YOMI_CUDA_ATTN_MMA`'s value: unset or unreadable → the
+/// default, 0 → off, n → from n rows.
+fn mma_from_setting(v: Option<&str>) -> Option<usize> {
+    match v.map(|s| s.trim().parse::<usize>()) {
+        Some(Ok(0)) => None,
+        Some(Ok(n)) => Some(n),
+        _ => Some(ATTN_MMA_MIN_ROWS),
+    }
+}
+
 fn mma_kernel_name(hd: usize, plan: &AttnPlan) -> String {
     format!("attn_mma_hd{hd}_d{}_f32", plan.k_groups)
 }
@@ -288,16 +300,18 @@ pub struct AttnScratch {
 
 impl AttnScratch {
     /// Allocates the scratch for up to `t_max` rows of `dims` over a cache of `capacity` rows, with
-    /// the split counts planned for this device's SM count. Passes of several rows take the
-    /// tensor-core kernel where the device and head size allow it, unless `YOMI_CUDA_ATTN_MMA=0`.
+    /// the split counts planned for this device's SM count. Passes from [`ATTN_MMA_MIN_ROWS`]
+    /// rows on take the tensor-core kernel where the device and head size allow it;
+    /// `YOMI_CUDA_ATTN_MMA=<rows>` changes that threshold and `YOMI_CUDA_ATTN_MMA=0` turns the
+    /// kernel off (A/B measurements).
     pub fn new(dev: &CudaDevice, t_max: usize, dims: AttnDims, capacity: usize) -> Result<Self> {
-        let allow = std::env::var("YOMI_CUDA_ATTN_MMA").map_or(true, |v| v != "0");
+        let from = std::env::var("YOMI_CUDA_ATTN_MMA").ok();
         Self::with_kernels(
             dev,
             t_max,
             dims,
             capacity,
-            allow.then_some(ATTN_MMA_MIN_ROWS),
+            mma_from_setting(from.as_deref()),
         )
     }
 
@@ -795,8 +809,8 @@ mod tests {
             ..QWEN
         };
         assert!(!attn_plan_for(16, odd, CAP, 132, Some(2)).tensor_cores);
-        // Qwen3.5's 256-wide heads take 83 KB of shared memory: two blocks fit an SM.
-        assert_eq!(attn_mma_smem(256), 84_992);
+        // Qwen3.5's 256-wide heads take 106 KB of shared memory: two blocks fit an SM (228 KB).
+        assert_eq!(attn_mma_smem(256), 108_032);
         // The scratch sized with tensor cores holds their plans too.
         let s = AttnScratchShape {
             mma_from: Some(1),
@@ -821,6 +835,15 @@ mod tests {
         }
         assert_eq!(shape(32, QWEN).max_partials(), 544);
         assert_eq!(shape(1, QWEN).max_partials(), 66);
+    }
+
+    #[test]
+    fn the_tensor_core_switch_reads_a_row_count() {
+        assert_eq!(mma_from_setting(None), Some(ATTN_MMA_MIN_ROWS));
+        assert_eq!(mma_from_setting(Some("0")), None);
+        assert_eq!(mma_from_setting(Some("2")), Some(2));
+        assert_eq!(mma_from_setting(Some(" 8 ")), Some(8));
+        assert_eq!(mma_from_setting(Some("yes")), Some(ATTN_MMA_MIN_ROWS));
     }
 
     #[test]
