@@ -512,6 +512,9 @@ impl GdnDeviceRows<'_> {
     }
 }
 
+/// Warps per block of `gdn_tree_verify_f32` (`GDN_NW` in kernels/gdn.cu).
+const GDN_VERIFY_WARPS: u32 = 16;
+
 fn check_gdn_shape(s: GdnShape, max_dk: usize) -> Result<()> {
     ensure!(
         s.hk > 0 && s.hv > 0 && s.hv.is_multiple_of(s.hk),
@@ -949,7 +952,7 @@ impl CudaDevice {
     /// output into `out` [T, Hv, dv] and, when given, the state after the root → last-row path
     /// into `final_state` (for a chain: after all rows, so a whole-chain commit is a swap).
     /// `parents` `[T]` are the tree's parent indices (−1 for the root, parent < row).
-    /// dk ≤ 128, dv a multiple of 32.
+    /// dk ≤ 128 and a multiple of 16, dv a multiple of 32.
     #[allow(clippy::too_many_arguments)]
     pub fn gdn_tree_verify(
         &self,
@@ -962,6 +965,11 @@ impl CudaDevice {
         final_state: Option<&mut CudaSlice<f32>>,
     ) -> Result<()> {
         check_gdn_shape(shape, 128)?;
+        ensure!(
+            shape.dk.is_multiple_of(GDN_VERIFY_WARPS as usize),
+            "gdn_tree_verify: dk = {} must be a multiple of {GDN_VERIFY_WARPS} (rows of S per warp)",
+            shape.dk
+        );
         ensure!(
             (1..=32).contains(&t),
             "gdn_tree_verify: T = {t}; the kernel takes 1..=32 rows"
@@ -1000,7 +1008,7 @@ impl CudaDevice {
         ];
         let cfg = LaunchConfig {
             grid_dim: ((shape.dv / 32) as u32, shape.hv as u32, 1),
-            block_dim: (32, 8, 1),
+            block_dim: (32, GDN_VERIFY_WARPS, 1),
             shared_mem_bytes: 0,
         };
         let null: u64 = 0;
