@@ -8,10 +8,12 @@
 //!   `glue.rs`); GEMV over T ≤ 32 rows for f32/bf16/f16 (`gemv.cu`, SIMT and tensor-core
 //!   kernels) and GGUF blocks Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K (`quant.rs`, `gemv_quant.cu`, with a
 //!   quantized embedding gather), chosen so a row's result does not depend on T (batch
-//!   invariance: speculative output equals plain output); Gated DeltaNet decode and tree verify
-//!   (`gdn.cu`); tree attention over the KV cache, split-K (`attention.rs`); tree conv1d
-//!   (`conv.rs`); the glue of a pass (embedding, splits, gates, K/V store, gathers); and the
-//!   top-64 candidates of each logits row for sampling on the host (`topk.rs`).
+//!   invariance: speculative output equals plain output), with a SwiGLU epilogue for a fused
+//!   bf16 gate|up; Gated DeltaNet one-row step and tree verify (`gdn.cu`); tree attention over
+//!   the KV cache, split-K, on tensor cores (3xTF32) or CUDA cores (`attention.rs`); tree conv1d
+//!   (`conv.rs`, also folded into the GDN q/k/v split); the glue of a pass (embedding, splits,
+//!   gates, K/V store, gathers); and the top-64 candidates of each logits row for sampling on
+//!   the host (`topk.rs`).
 //!
 //! Built on cudarc with dynamic loading: the crate builds and its tests pass on machines with no
 //! CUDA at all. Every entry point first checks that the library it needs can be loaded
