@@ -301,7 +301,7 @@ extern "C" __global__ void attn_combine_f32(const float* __restrict__ part_acc,
 
 // ---------------------------------------------------------------------------------------------
 // Kernel 1b, attn_mma_hd<HD>_d<DS>_f32: the same partials as attn_partial (same part_ml /
-// part_acc layout, same combine; splits are whole 16-key tiles) from tensor cores, for passes of
+// part_acc layout, same split ranges, same combine) from tensor cores, for passes of
 // several rows, where the SIMT kernel re-reads K/V for every 4 queries and is bound by L1.
 // Grid (S, Hkv, row tiles), block 256 threads = 8 warps = QT query tiles of 16 × DS parts of the
 // head dimension (QT = 1, DS = 8 or QT = 2, DS = 4), dynamic shared memory attn_mma_smem(HD)
@@ -328,7 +328,8 @@ extern "C" __global__ void attn_combine_f32(const float* __restrict__ part_acc,
 // ~1e−3 and miss the 1e−4 parity bound of the tests).
 // Shared memory (floats; rows padded by 4 so fragment loads hit 32 distinct banks):
 //   K [2][16][HD+4], V [2][16][HD+4], Q [32][HD+4], S parts [8 warps][16·16].
-#define AMMA_KT 16
+// Key tiles are the SIMT kernel's 16-key batches, so both kernels cut splits alike (att_chunk).
+#define AMMA_KT ATT_KB
 #define AMMA_NJ (AMMA_KT / 8)
 #define AMMA_QB 32
 #define AMMA_SX (16 * AMMA_KT)
@@ -389,8 +390,7 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const floa
     const int nq = min(rows_per_tile, t_rows - r0) * group;
     const int nc = max(0, min(committed[0], capacity - t_rows));
     const int n = nc + t_rows;
-    int chunk = (n + splits - 1) / splits;
-    chunk = (chunk + AMMA_KT - 1) / AMMA_KT * AMMA_KT;
+    const int chunk = att_chunk(n, splits);
     const int k0 = min(n, s * chunk), k1 = min(n, k0 + chunk);
     const size_t kv_stride = (size_t)n_kv * HD;
 

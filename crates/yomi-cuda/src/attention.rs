@@ -19,7 +19,8 @@ use crate::guard;
 use crate::kernels::Module;
 use crate::ops::{as_i32, dptr, dptr_mut, launch_err};
 
-/// Keys per batch of the partial kernel (`ATT_KB`); split chunks are whole batches.
+/// Keys per batch of the SIMT partial kernel (`ATT_KB`) and per shared-memory tile of the
+/// tensor-core one (`AMMA_KT`); split chunks are whole batches.
 pub const ATTN_KEY_BATCH: usize = 16;
 /// Queries per warp (`ATT_QPW`): each K/V value a warp loads serves this many queries.
 const QPW: usize = 4;
@@ -40,8 +41,6 @@ pub const ATTN_MMA_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// time at short ones (bench/RESULTS.md), so it takes every pass. `YOMI_CUDA_ATTN_MMA=<rows>`
 /// moves the threshold, `=0` keeps the SIMT kernel for all.
 pub const ATTN_MMA_MIN_ROWS: usize = 1;
-/// Keys per shared-memory tile of the tensor-core kernel (`AMMA_KT`); its splits are whole tiles.
-pub const ATTN_MMA_KEY_TILE: usize = 16;
 /// Most queries per block of the tensor-core kernel (2 query tiles of 16) and its warps.
 const MMA_QUERIES: usize = 32;
 const MMA_WARPS: usize = 8;
@@ -53,7 +52,7 @@ fn mma_head_parts(query_tiles: usize) -> usize {
 /// Dynamic shared memory of `attn_mma_hd<hd>_d*_f32`: K and V [2][16][hd+4], Q [32][hd+4]
 /// and S parts [8][16·16] floats.
 pub fn attn_mma_smem(hd: usize) -> usize {
-    ((4 * ATTN_MMA_KEY_TILE + MMA_QUERIES) * (hd + 4) + MMA_WARPS * 16 * ATTN_MMA_KEY_TILE) * 4
+    ((4 * ATTN_KEY_BATCH + MMA_QUERIES) * (hd + 4) + MMA_WARPS * 16 * ATTN_KEY_BATCH) * 4
 }
 
 pub(crate) fn kernel_names() -> Vec<String> {
@@ -128,15 +127,6 @@ impl AttnPlan {
     pub fn threads(&self) -> usize {
         32 * self.q_groups * self.k_groups
     }
-
-    /// Splits start on multiples of this many keys (the kernel's batch or tile).
-    pub fn key_batch(&self) -> usize {
-        if self.tensor_cores {
-            ATTN_MMA_KEY_TILE
-        } else {
-            ATTN_KEY_BATCH
-        }
-    }
 }
 
 /// The launch plan for T rows. Pure host arithmetic (tested without a GPU).
@@ -193,7 +183,7 @@ pub fn attn_plan_for(
     let query_tiles = (rows_per_tile * group).div_ceil(16);
     let per_sm = 2;
     let max_splits = ATTN_MAX_SPLITS
-        .min(capacity.div_ceil(ATTN_MMA_KEY_TILE))
+        .min(capacity.div_ceil(ATTN_KEY_BATCH))
         .max(1);
     let splits = (per_sm * sm_count.max(1))
         .div_ceil(dims.n_kv.max(1) * row_tiles)
@@ -223,10 +213,10 @@ fn mma_kernel_name(hd: usize, plan: &AttnPlan) -> String {
 }
 
 /// The keys split `s` of `splits` covers when `n_keys` (= committed + T) are live: the host mirror
-/// of the kernels' chunking (chunks of ceil(n/splits) rounded up to whole `batch`es of keys, the
-/// plan's [`AttnPlan::key_batch`]; the last splits may be empty).
-pub fn split_range(n_keys: usize, splits: usize, batch: usize, s: usize) -> Range<usize> {
-    let chunk = n_keys.div_ceil(splits.max(1)).div_ceil(batch) * batch;
+/// of the kernels' `att_chunk` (chunks of ceil(n/splits) rounded up to whole 16-key batches, which
+/// are also the tensor-core kernel's tiles; the last splits may be empty).
+pub fn split_range(n_keys: usize, splits: usize, s: usize) -> Range<usize> {
+    let chunk = n_keys.div_ceil(splits.max(1)).div_ceil(ATTN_KEY_BATCH) * ATTN_KEY_BATCH;
     let k0 = (s * chunk).min(n_keys);
     k0..(k0 + chunk).min(n_keys)
 }
@@ -305,14 +295,19 @@ impl AttnScratch {
     /// `YOMI_CUDA_ATTN_MMA=<rows>` changes that threshold and `YOMI_CUDA_ATTN_MMA=0` turns the
     /// kernel off (A/B measurements).
     pub fn new(dev: &CudaDevice, t_max: usize, dims: AttnDims, capacity: usize) -> Result<Self> {
-        let from = std::env::var("YOMI_CUDA_ATTN_MMA").ok();
-        Self::with_kernels(
-            dev,
-            t_max,
-            dims,
-            capacity,
-            mma_from_setting(from.as_deref()),
-        )
+        // Read once per process (every attention layer makes a scratch), warning once.
+        static FROM: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+        let from = *FROM.get_or_init(|| {
+            let v = std::env::var("YOMI_CUDA_ATTN_MMA").ok();
+            let from = mma_from_setting(v.as_deref());
+            if let Some(v) = v.filter(|v| v.trim().parse::<usize>().is_err()) {
+                eprintln!(
+                    "yomi: ignoring YOMI_CUDA_ATTN_MMA={v:?} (expected a row count, 0 for off)"
+                );
+            }
+            from
+        });
+        Self::with_kernels(dev, t_max, dims, capacity, from)
     }
 
     /// [`AttnScratch::new`] with the tensor-core kernel from `mma_from` rows on (None: never),
@@ -740,7 +735,7 @@ mod tests {
             for n in [1, 2, 15, 16, 17, 101, 1001, 8001, 8192 + 64] {
                 let mut next = 0;
                 for s in 0..splits {
-                    let r = split_range(n, splits, ATTN_KEY_BATCH, s);
+                    let r = split_range(n, splits, s);
                     assert_eq!(r.start, next, "n={n} splits={splits} s={s}");
                     assert!(r.end >= r.start);
                     // Every split but the one holding the end starts on a batch boundary and is
@@ -757,13 +752,9 @@ mod tests {
             }
         }
         // 8001 live keys over 66 splits: 122 → 128 per split, 63 splits busy, 3 empty.
-        assert_eq!(split_range(8001, 66, 16, 0), 0..128);
-        assert_eq!(split_range(8001, 66, 16, 62), 7936..8001);
-        assert!(split_range(8001, 66, 16, 63).is_empty());
-        // The tensor-core kernel's 32-key tiles: 8001 over 33 splits → 243 → 256 per split.
-        assert_eq!(split_range(8001, 33, 32, 0), 0..256);
-        assert_eq!(split_range(8001, 33, 32, 31), 7936..8001);
-        assert!(split_range(8001, 33, 32, 32).is_empty());
+        assert_eq!(split_range(8001, 66, 0), 0..128);
+        assert_eq!(split_range(8001, 66, 62), 7936..8001);
+        assert!(split_range(8001, 66, 63).is_empty());
     }
 
     #[test]
@@ -784,7 +775,6 @@ mod tests {
                 assert!(p.rows_per_tile * p.row_tiles >= t);
                 assert!((p.row_tiles - 1) * p.rows_per_tile < t, "no empty tile");
                 assert!((1..=ATTN_MAX_SPLITS).contains(&p.splits));
-                assert_eq!(p.key_batch(), ATTN_MMA_KEY_TILE);
                 // Without tensor cores the plan is the SIMT one.
                 assert_eq!(
                     attn_plan_for(t, dims, CAP, 132, None),

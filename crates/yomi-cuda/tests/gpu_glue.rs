@@ -87,30 +87,9 @@ fn embed_add_and_fused_norm_match_cpu() {
             &want_bf,
         );
 
-        // h += y, then x = rms_norm(h) · w, fused and unfused.
-        let h = r.vec(t * H, 3.0);
-        let y = r.vec(t * H, 3.0);
-        let w: Vec<f32> = r.vec(H, 0.5).iter().map(|v| 1.0 + v).collect();
-        let sum: Vec<f32> = h.iter().zip(&y).map(|(a, b)| a + b).collect();
-        let mut want_x = vec![0.0; t * H];
-        rms_norm(&sum, &w, 1e-6, &mut want_x);
-        let (mut hd, yd, wd) = (
-            d.upload(&h).unwrap(),
-            d.upload(&y).unwrap(),
-            d.upload(&w).unwrap(),
-        );
-        let mut xd = poisoned(&d, t * H);
-        d.add_rms_norm(&mut hd, &yd, &wd, 1e-6, &mut xd).unwrap();
-        exact(
-            &format!("add_rms_norm sum T={t}"),
-            &d.download(&hd).unwrap(),
-            &sum,
-        );
-        check(
-            &format!("add_rms_norm T={t}"),
-            &d.download(&xd).unwrap(),
-            &want_x,
-        );
+        // h += y, then x = rms_norm(h) · w, fused; then the plain add.
+        let (h, y, sum) = check_add_rms_norm(&d, &mut r, H, t);
+        let yd = d.upload(&y).unwrap();
         let mut hd2 = d.upload(&h).unwrap();
         d.add_inplace(&mut hd2, &yd).unwrap();
         exact(&format!("add T={t}"), &d.download(&hd2).unwrap(), &sum);
@@ -775,31 +754,43 @@ fn add_rms_norm_other_widths() {
     let mut r = Rng::new(33);
     for n in [576usize, 8192, 1001] {
         for t in [1usize, 3] {
-            let h = r.vec(t * n, 3.0);
-            let y = r.vec(t * n, 3.0);
-            let w: Vec<f32> = r.vec(n, 0.5).iter().map(|v| 1.0 + v).collect();
-            let sum: Vec<f32> = h.iter().zip(&y).map(|(a, b)| a + b).collect();
-            let mut want = vec![0.0; t * n];
-            rms_norm(&sum, &w, 1e-6, &mut want);
-            let (mut hd, yd, wd) = (
-                d.upload(&h).unwrap(),
-                d.upload(&y).unwrap(),
-                d.upload(&w).unwrap(),
-            );
-            let mut xd = poisoned(&d, t * n);
-            d.add_rms_norm(&mut hd, &yd, &wd, 1e-6, &mut xd).unwrap();
-            exact(
-                &format!("add_rms_norm sum n={n} T={t}"),
-                &d.download(&hd).unwrap(),
-                &sum,
-            );
-            check(
-                &format!("add_rms_norm n={n} T={t}"),
-                &d.download(&xd).unwrap(),
-                &want,
-            );
+            check_add_rms_norm(&d, &mut r, n, t);
         }
     }
+}
+
+/// `add_rms_norm` on T random rows of width n: the sum written into h bit-exact, the normed
+/// rows against the CPU. Returns (h, y, h + y).
+fn check_add_rms_norm(
+    d: &yomi_cuda::CudaDevice,
+    r: &mut Rng,
+    n: usize,
+    t: usize,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let h = r.vec(t * n, 3.0);
+    let y = r.vec(t * n, 3.0);
+    let w: Vec<f32> = r.vec(n, 0.5).iter().map(|v| 1.0 + v).collect();
+    let sum: Vec<f32> = h.iter().zip(&y).map(|(a, b)| a + b).collect();
+    let mut want = vec![0.0; t * n];
+    rms_norm(&sum, &w, 1e-6, &mut want);
+    let (mut hd, yd, wd) = (
+        d.upload(&h).unwrap(),
+        d.upload(&y).unwrap(),
+        d.upload(&w).unwrap(),
+    );
+    let mut xd = poisoned(d, t * n);
+    d.add_rms_norm(&mut hd, &yd, &wd, 1e-6, &mut xd).unwrap();
+    exact(
+        &format!("add_rms_norm sum n={n} T={t}"),
+        &d.download(&hd).unwrap(),
+        &sum,
+    );
+    check(
+        &format!("add_rms_norm n={n} T={t}"),
+        &d.download(&xd).unwrap(),
+        &want,
+    );
+    (h, y, sum)
 }
 
 /// q/k/v split with g/β in the same launch gives exactly what the two launches give.
