@@ -77,11 +77,7 @@ impl CudaModel {
             bail!("a tree pass on CUDA takes at most {MAX_ROWS} rows, not {t}");
         }
         let v = self.cfg.vocab_size;
-        let rows_out = match which {
-            LogitRows::All => t,
-            LogitRows::Last => 1,
-            LogitRows::None => 0,
-        };
+        let rows_out = which.count(t);
         if let Some(l) = logits.as_deref_mut() {
             l.resize(rows_out * v, 0.0);
         }
@@ -126,11 +122,7 @@ impl CudaModel {
         scale: f32,
         top: &mut TopRows,
     ) -> Result<()> {
-        let rows = match which {
-            LogitRows::All => tokens.len(),
-            LogitRows::Last => 1,
-            LogitRows::None => 0,
-        };
+        let rows = which.count(tokens.len());
         if rows > MAX_ROWS {
             bail!("candidates for {rows} rows: one pass ranks at most {MAX_ROWS}");
         }

@@ -26,6 +26,17 @@ pub enum LogitRows {
     None,
 }
 
+impl LogitRows {
+    /// How many rows of a pass of `t` rows get logits.
+    pub fn count(self, t: usize) -> usize {
+        match self {
+            LogitRows::All => t,
+            LogitRows::Last => usize::from(t > 0),
+            LogitRows::None => 0,
+        }
+    }
+}
+
 /// Optional capture of the residual stream: `hidden[i]` enters layer i, `hidden[L]` is the
 /// final-norm output, each [T, H].
 #[derive(Default, Debug)]
@@ -516,5 +527,18 @@ impl Model {
         st.committed += n;
         st.tokens.extend(accepted.iter().map(|&a| pend.tokens[a]));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LogitRows;
+
+    #[test]
+    fn logit_row_counts() {
+        assert_eq!(LogitRows::All.count(5), 5);
+        assert_eq!(LogitRows::Last.count(5), 1);
+        assert_eq!(LogitRows::None.count(5), 0);
+        assert_eq!(LogitRows::Last.count(0), 0);
     }
 }
