@@ -27,10 +27,11 @@ pub enum Module {
     Conv,
     GemvQuant,
     Topk,
+    Gemm,
 }
 
 impl Module {
-    pub const ALL: [Module; 10] = [
+    pub const ALL: [Module; 11] = [
         Module::Norm,
         Module::Act,
         Module::Rope,
@@ -41,6 +42,7 @@ impl Module {
         Module::Conv,
         Module::GemvQuant,
         Module::Topk,
+        Module::Gemm,
     ];
 
     /// File stem under `kernels/`.
@@ -56,6 +58,7 @@ impl Module {
             Module::Conv => "conv",
             Module::GemvQuant => "gemv_quant",
             Module::Topk => "topk",
+            Module::Gemm => "gemm",
         }
     }
 
@@ -72,6 +75,7 @@ impl Module {
             Module::Conv => include_str!("../kernels/conv.cu"),
             Module::GemvQuant => include_str!("../kernels/gemv_quant.cu"),
             Module::Topk => include_str!("../kernels/topk.cu"),
+            Module::Gemm => include_str!("../kernels/gemm.cu"),
         }
     }
 
@@ -117,6 +121,7 @@ impl Module {
             Module::Conv => vec!["conv1d_tree_f32".into()],
             Module::GemvQuant => crate::quant::all_kernels(),
             Module::Topk => crate::topk::KERNELS.map(String::from).to_vec(),
+            Module::Gemm => crate::gemm::KERNELS.map(String::from).to_vec(),
         }
     }
 }

@@ -6,6 +6,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfi
 
 use crate::device::CudaDevice;
 use crate::error::{CudaError, Result, ensure};
+use crate::gemm::{gemm_enabled, gemm_keeps_lo};
 use crate::guard;
 use crate::kernels::Module;
 use crate::quant::{QuantFormat, QuantWeights};
@@ -241,6 +242,13 @@ impl GateUpMatrix {
 
 /// The most rows one GEMV launch takes (DESIGN §5: T ≤ 32 rows share one weight read).
 pub const MAX_GEMV_ROWS: usize = 32;
+
+/// (first row, rows) of the consecutive GEMV launches that cover T rows: 32 at a time.
+fn row_pieces(t: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..t)
+        .step_by(MAX_GEMV_ROWS)
+        .map(move |off| (off, (t - off).min(MAX_GEMV_ROWS)))
+}
 
 /// The compile-time row buckets of the GEMV kernels.
 const BUCKETS: [usize; 6] = [1, 2, 4, 8, 16, 32];
@@ -604,12 +612,14 @@ impl CudaDevice {
         })
     }
 
-    /// `out[T, rows] = x[T, cols] · Wᵀ (+ bias)` for 1 ≤ T ≤ 32, reading W once for all rows.
-    /// bf16 weights with T ≥ 2 go through the tensor-core kernel, which splits x into two bf16
-    /// parts (relative L2 error about 4e-6 against the f32 CPU twin at K = 4096–12288, against
-    /// 3e-7 for the SIMT kernels; see `kernels/gemv.cu`). Block-quantized matrices
-    /// ([`DeviceMatrix::from_ggml_blocks`]) go through `kernels/gemv_quant.cu`, dequantizing in
-    /// registers. Larger T (prefill) is meant for cuBLASLt, which is not wired up yet.
+    /// `out[T, rows] = x[T, cols] · Wᵀ (+ bias)` for any T ≥ 1. Up to 32 rows one GEMV launch
+    /// reads W once for all rows: bf16 weights with T ≥ 2 go through the tensor-core kernel,
+    /// which splits x into two bf16 parts (relative L2 error about 4e-6 against the f32 CPU twin
+    /// at K = 4096–12288, against 3e-7 for the SIMT kernels; see `kernels/gemv.cu`), and
+    /// block-quantized matrices ([`DeviceMatrix::from_ggml_blocks`]) go through
+    /// `kernels/gemv_quant.cu`, dequantizing in registers. More rows (prefill chunks) take the
+    /// tensor-core GEMM for bf16 weights ([`CudaDevice::gemm_bf16`]) and consecutive GEMV
+    /// launches of up to 32 rows for the other types.
     pub fn linear(
         &self,
         x: &impl DevicePtr<f32>,
@@ -621,7 +631,7 @@ impl CudaDevice {
         self.linear_variant(x, t, w, bias, out, None)
     }
 
-    /// [`CudaDevice::linear`] with a chosen kernel from [`gemv_variant`].
+    /// [`CudaDevice::linear`] with a chosen kernel from [`gemv_variant`] (T ≤ 32 only).
     pub fn linear_variant(
         &self,
         x: &impl DevicePtr<f32>,
@@ -632,9 +642,10 @@ impl CudaDevice {
         variant: Option<GemvKernel>,
     ) -> Result<()> {
         let (n, k) = (w.rows, w.cols);
+        ensure!(t >= 1, "linear: T = 0 rows");
         ensure!(
-            (1..=MAX_GEMV_ROWS).contains(&t),
-            "linear: T = {t} rows; the GEMV kernels take 1..={MAX_GEMV_ROWS}"
+            variant.is_none() || t <= MAX_GEMV_ROWS,
+            "linear: a chosen GEMV kernel takes 1..={MAX_GEMV_ROWS} rows, not {t}"
         );
         ensure!(
             x.len() == t * k,
@@ -655,24 +666,36 @@ impl CudaDevice {
         if let Some(b) = bias {
             ensure!(b.len() == n, "linear: bias has {} values, not {n}", b.len());
         }
-        let kern = variant.unwrap_or_else(|| linear_kernel(w.dtype, t, w.rows));
-        ensure!(
-            gemv_variant(w.dtype, t).contains(&kern),
-            "linear: no GEMV kernel {kern:?} for {} at T={t}",
-            w.dtype.tag()
-        );
-        let name = gemv_name(w.dtype, t, kern);
-        if let (Weights::Quant(q), GemvKernel::Simt { r, .. }) = (&w.data, kern) {
-            return self.linear_quant(x, t, w, q, bias, out, &name, r);
+        let st = self.stream();
+        let (xp, op) = (dptr(x, st), dptr_mut(out, st));
+        if t > MAX_GEMV_ROWS && matches!(w.data, Weights::Bf16Tiles(_)) && gemm_enabled() {
+            return self.gemm_bf16_raw(xp, t, w, bias, op, false, gemm_keeps_lo());
         }
-        self.launch_gemv(&name, kern, w, x, t, bias, out)
+        for (off, rows) in row_pieces(t) {
+            let kern = variant.unwrap_or_else(|| linear_kernel(w.dtype, rows, w.rows));
+            ensure!(
+                gemv_variant(w.dtype, rows).contains(&kern),
+                "linear: no GEMV kernel {kern:?} for {} at T={rows}",
+                w.dtype.tag()
+            );
+            let name = gemv_name(w.dtype, rows, kern);
+            let (xo, oo) = (xp + (off * k * 4) as u64, op + (off * n * 4) as u64);
+            if let (Weights::Quant(q), GemvKernel::Simt { r, .. }) = (&w.data, kern) {
+                self.linear_quant(xo, rows, w, q, bias, oo, &name, r)?;
+            } else {
+                self.launch_gemv(&name, kern, w, xo, rows, bias, oo)?;
+            }
+        }
+        Ok(())
     }
 
-    /// `out[T, I] = silu(x·gateᵀ) · (x·upᵀ)` for 1 ≤ T ≤ 32 in one launch: the tensor-core GEMV
-    /// over the interleaved gate|up matrix with the SwiGLU epilogue (`kernels/gemv.cu`). The
-    /// kernel is chosen by T and the matrix's 2·I rows as [`CudaDevice::linear`] chooses it, so
-    /// the result is bit-identical to `linear` over the stacked [gate; up] matrix followed by
-    /// [`CudaDevice::swiglu_pair`]. `bias` ([2·I], gate then up, un-interleaved) is optional.
+    /// `out[T, I] = silu(x·gateᵀ) · (x·upᵀ)` for any T ≥ 1. Up to 32 rows in one launch: the
+    /// tensor-core GEMV over the interleaved gate|up matrix with the SwiGLU epilogue
+    /// (`kernels/gemv.cu`), its kernel chosen by T and the matrix's 2·I rows as
+    /// [`CudaDevice::linear`] chooses it, so the result is bit-identical to `linear` over the
+    /// stacked [gate; up] matrix followed by [`CudaDevice::swiglu_pair`]. More rows take the
+    /// tensor-core GEMM with the same epilogue. `bias` ([2·I], gate then up, un-interleaved) is
+    /// optional.
     pub fn linear_swiglu(
         &self,
         x: &impl DevicePtr<f32>,
@@ -682,10 +705,7 @@ impl CudaDevice {
         out: &mut (impl DevicePtrMut<f32> + ?Sized),
     ) -> Result<()> {
         let (inter, k) = (w.inter, w.m.cols);
-        ensure!(
-            (1..=MAX_GEMV_ROWS).contains(&t),
-            "linear_swiglu: T = {t} rows; the GEMV kernels take 1..={MAX_GEMV_ROWS}"
-        );
+        ensure!(t >= 1, "linear_swiglu: T = 0 rows");
         ensure!(
             x.len() == t * k && k > 0 && k.is_multiple_of(8),
             "linear_swiglu: x has {} values, not [T={t}, in={k}] (in a positive multiple of 8)",
@@ -703,26 +723,36 @@ impl CudaDevice {
                 b.len()
             );
         }
-        let kern = tc_kernel_for(*BUCKETS.iter().find(|&&b| b >= t).unwrap_or(&32), w.m.rows);
-        let GemvKernel::Mma { w: wp, m, u } = kern else {
-            unreachable!("bf16 matrices take the tensor-core kernel");
-        };
-        let name = swiglu_gemv_name(t, wp, m, u);
-        self.launch_gemv(&name, kern, &w.m, x, t, bias, out)
+        let st = self.stream();
+        let (xp, op) = (dptr(x, st), dptr_mut(out, st));
+        if t > MAX_GEMV_ROWS && gemm_enabled() {
+            return self.gemm_bf16_raw(xp, t, &w.m, bias, op, true, gemm_keeps_lo());
+        }
+        for (off, rows) in row_pieces(t) {
+            let bucket = *BUCKETS.iter().find(|&&b| b >= rows).unwrap_or(&32);
+            let kern = tc_kernel_for(bucket, w.m.rows);
+            let GemvKernel::Mma { w: wp, m, u } = kern else {
+                unreachable!("bf16 matrices take the tensor-core kernel");
+            };
+            let name = swiglu_gemv_name(rows, wp, m, u);
+            let (xo, oo) = (xp + (off * k * 4) as u64, op + (off * inter * 4) as u64);
+            self.launch_gemv(&name, kern, &w.m, xo, rows, bias, oo)?;
+        }
+        Ok(())
     }
 
-    /// The launch of a dense GEMV kernel `name` (variant `kern`) over `w`, shapes already
-    /// checked by the caller.
+    /// The launch of a dense GEMV kernel `name` (variant `kern`) over `w` for T ≤ 32 rows at
+    /// device addresses `xp` (x) and `op` (out), shapes already checked by the caller.
     #[allow(clippy::too_many_arguments)]
     fn launch_gemv(
         &self,
         name: &str,
         kern: GemvKernel,
         w: &DeviceMatrix,
-        x: &impl DevicePtr<f32>,
+        xp: u64,
         t: usize,
         bias: Option<&CudaSlice<f32>>,
-        out: &mut (impl DevicePtrMut<f32> + ?Sized),
+        op: u64,
     ) -> Result<()> {
         let (n, k) = (w.rows, w.cols);
         let f = self.func(Module::Gemv, name)?;
@@ -742,8 +772,6 @@ impl CudaDevice {
         };
         let null: u64 = 0;
         guard("linear", || {
-            let st = self.stream();
-            let (xp, op) = (dptr(x, st), dptr_mut(out, st));
             let mut b = self.launch(&f);
             match &w.data {
                 Weights::F32(s) => b.arg(s),

@@ -481,12 +481,12 @@ impl CudaDevice {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn linear_quant(
         &self,
-        x: &impl DevicePtr<f32>,
+        xp: u64,
         t: usize,
         w: &DeviceMatrix,
         q: &QuantWeights,
         bias: Option<&CudaSlice<f32>>,
-        out: &mut (impl DevicePtrMut<f32> + ?Sized),
+        op: u64,
         name: &str,
         rows_per_warp: usize,
     ) -> Result<()> {
@@ -505,8 +505,6 @@ impl CudaDevice {
         };
         let null: u64 = 0;
         guard("linear", || {
-            let st = self.stream();
-            let (xp, op) = (dptr(x, st), dptr_mut(out, st));
             let mut b = self.launch(&f);
             kernel_args(&mut b, q, &null);
             b.arg(&xp);

@@ -286,8 +286,9 @@ fn linear_matches_cpu() {
     // Bad shapes are errors, not crashes.
     let (_, dm) = matrices(&d, WeightDtype::Bf16, 8, 16, &[0.5; 128]);
     let xd = d.upload(&[1.0f32; 33 * 16]).unwrap();
-    let mut out = d.alloc_zeros::<f32>(33 * 8).unwrap();
+    let mut out = d.alloc_zeros::<f32>(32 * 8).unwrap();
     assert!(d.linear(&xd, 33, &dm, None, &mut out).is_err());
+    assert!(d.linear(&xd, 0, &dm, None, &mut out).is_err());
 }
 
 const GDN: GdnShape = GdnShape {

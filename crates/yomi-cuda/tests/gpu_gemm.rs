@@ -1,0 +1,226 @@
+//! The tensor-core GEMM of prefill chunks (`kernels/gemm.cu`) against the CPU twin, the GEMV
+//! and cuBLAS. `#[ignore]`d: they need a CUDA device (see `tests/gpu.rs` for how to run them).
+//!
+//! Tolerances (weights bf16, inputs of magnitude ≲ 1, the CPU twin sums f32 in its own order):
+//! - with x's low bf16 plane (the default): relative L2 ≤ 5e-5 and max |Δ| ≤ 1e-4·max|cpu|
+//!   (about 16 significant bits of x are kept; each output is one f32 accumulator chain over K,
+//!   so the error grows with K: H200, 2026-12-01, 9e-6 at K = 4096, 2.8e-5 at K = 12288,
+//!   against the GEMV's 4e-6, whose warps split K);
+//! - without it (bf16 activations): relative L2 ≤ 5e-3 (x rounded to 8 significant bits:
+//!   2⁻⁹ relative per product, random signs, ≈ 1.5e-3 expected).
+
+mod common;
+use common::{Rng, dev, poisoned, time_ms};
+
+use yomi_cpu::linear::{Matrix, WeightData, linear as cpu_linear};
+use yomi_cuda::{CudaDevice, DeviceMatrix, GateUpMatrix, WeightDtype};
+
+fn bf16_bits(v: &[f32]) -> Vec<u16> {
+    v.iter()
+        .map(|x| half::bf16::from_f32(*x).to_bits())
+        .collect()
+}
+
+fn rel_l2(got: &[f32], want: &[f32]) -> (f64, f32, f32) {
+    let (mut num, mut den, mut max_abs, mut max_ref) = (0.0f64, 0.0f64, 0.0f32, 0.0f32);
+    for (&g, &w) in got.iter().zip(want) {
+        assert!(g.is_finite(), "non-finite GPU output (unwritten element?)");
+        num += ((g - w) as f64).powi(2);
+        den += (w as f64).powi(2);
+        max_abs = max_abs.max((g - w).abs());
+        max_ref = max_ref.max(w.abs());
+    }
+    ((num / den.max(1e-300)).sqrt(), max_abs, max_ref)
+}
+
+/// Every shape class: 9B's q/o-like 4096², gate/up 12288×4096, down 4096×12288, and a ragged
+/// one (rows not a multiple of the 128-row block, K not of the 64-wide stage) with a bias; T
+/// from one row past the GEMV's 32 to a 512-row chunk, ragged counts included.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gemm_matches_cpu() {
+    let d = dev();
+    let mut r = Rng::new(12);
+    let mut failures = Vec::new();
+    for (rows, cols, with_bias) in [
+        (4096usize, 4096usize, false),
+        (12288, 4096, false),
+        (4096, 12288, false),
+        (1001, 4104, true),
+        (72, 40, true),
+    ] {
+        let w = r.vec(rows * cols, 0.5);
+        let bits = bf16_bits(&w);
+        let cm = Matrix::new(rows, cols, WeightData::Bf16(bits.clone()));
+        let dm = DeviceMatrix::from_half_bits(&d, rows, cols, WeightDtype::Bf16, &bits).unwrap();
+        let bias = r.vec(rows, 1.0);
+        let bd = d.upload(&bias).unwrap();
+        let b = with_bias.then_some(&bd);
+        for t in [33usize, 64, 100, 512] {
+            let x = r.vec(t * cols, 1.0);
+            let mut want = vec![0.0; t * rows];
+            cpu_linear(&x, t, &cm, with_bias.then_some(&bias[..]), &mut want);
+            let xd = d.upload(&x).unwrap();
+            for lo in [true, false] {
+                let mut out = poisoned(&d, t * rows);
+                d.gemm_bf16(&xd, t, &dm, b, &mut out, lo).unwrap();
+                let (rel, max_abs, max_ref) = rel_l2(&d.download(&out).unwrap(), &want);
+                println!(
+                    "RESULT parity gemm {rows}x{cols} T={t:<3} {} {}: max|Δ| {max_abs:.2e} rel-L2 {rel:.2e} max|ref| {max_ref:.2e}",
+                    if lo { "hi+lo" } else { "hi   " },
+                    if with_bias { "+bias" } else { "     " }
+                );
+                let ok = if lo {
+                    rel <= 5e-5 && max_abs <= 1e-4 * max_ref
+                } else {
+                    rel <= 5e-3
+                };
+                if !ok {
+                    failures.push(format!(
+                        "{rows}x{cols} T={t} lo={lo}: rel {rel} max {max_abs}"
+                    ));
+                }
+            }
+            // `linear` takes the GEMM past 32 rows (with the default planes).
+            let mut out = poisoned(&d, t * rows);
+            d.linear(&xd, t, &dm, b, &mut out).unwrap();
+            let (rel, _, _) = rel_l2(&d.download(&out).unwrap(), &want);
+            if rel > 5e-5 {
+                failures.push(format!("linear {rows}x{cols} T={t}: rel {rel}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // Bad shapes are errors, not crashes.
+    let dm = DeviceMatrix::from_half_bits(&d, 8, 16, WeightDtype::Bf16, &[0; 128]).unwrap();
+    let xd = d.upload(&[1.0f32; 40 * 16]).unwrap();
+    let mut out = d.alloc_zeros::<f32>(41 * 8).unwrap();
+    assert!(d.gemm_bf16(&xd, 40, &dm, None, &mut out, true).is_err());
+    assert!(d.linear(&xd, 40, &dm, None, &mut out).is_err());
+}
+
+/// The SwiGLU epilogue of the GEMM gives exactly what the GEMM over the stacked [gate; up]
+/// matrix followed by `swiglu_pair` gives (every row is summed alike wherever its tile sits):
+/// 9B's MLP and a small odd shape with a bias, T = 33, 100, 512.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gemm_swiglu_matches_gemm_then_swiglu_pair() {
+    let d = dev();
+    let mut r = Rng::new(13);
+    for (inter, k, with_bias) in [(12288usize, 4096usize, false), (40, 72, true)] {
+        let gate = bf16_bits(&r.vec(inter * k, 0.05));
+        let up = bf16_bits(&r.vec(inter * k, 0.05));
+        let stacked = DeviceMatrix::from_half_bits(
+            &d,
+            2 * inter,
+            k,
+            WeightDtype::Bf16,
+            &[gate.as_slice(), up.as_slice()].concat(),
+        )
+        .unwrap();
+        let gu = GateUpMatrix::from_bf16_bits(&d, inter, k, &gate, &up).unwrap();
+        let bias = with_bias.then(|| d.upload(&r.vec(2 * inter, 0.5)).unwrap());
+        for t in [33usize, 100, 512] {
+            let x = d.upload(&r.vec(t * k, 1.0)).unwrap();
+            let mut proj = poisoned(&d, t * 2 * inter);
+            let mut want = poisoned(&d, t * inter);
+            d.linear(&x, t, &stacked, bias.as_ref(), &mut proj).unwrap();
+            d.swiglu_pair(&proj, t, inter, &mut want).unwrap();
+            let mut got = poisoned(&d, t * inter);
+            d.linear_swiglu(&x, t, &gu, bias.as_ref(), &mut got)
+                .unwrap();
+            let (got, want) = (d.download(&got).unwrap(), d.download(&want).unwrap());
+            assert!(got.iter().all(|v| v.is_finite()), "unwritten output");
+            let bad = got
+                .iter()
+                .zip(&want)
+                .position(|(a, b)| a.to_bits() != b.to_bits());
+            assert!(
+                bad.is_none(),
+                "I={inter} T={t}: first difference at {bad:?}"
+            );
+            println!(
+                "RESULT gemm swiglu I={inter} K={k} bias {with_bias} T={t}: bit-identical to gemm + swiglu_pair"
+            );
+        }
+    }
+}
+
+fn time_round(d: &CudaDevice, f: &mut dyn FnMut()) -> f64 {
+    time_ms(d, 3, 15, f)
+}
+
+/// The GEMM's time per matrix at 9B shapes and chunk sizes 128…2048, as TFLOP/s, beside the
+/// consecutive 32-row GEMV launches it replaces and cuBLAS's bf16 GEMM (`cublasGemmEx`, bf16
+/// in and out, f32 compute) on a row-major copy of the same weights, in the same process.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn z_gemm_timing() {
+    use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
+    let d = dev();
+    let blas = CudaBlas::new(d.stream().clone()).unwrap();
+    let mut r = Rng::new(14);
+    for (rows, cols) in [(4096usize, 4096usize), (12288, 4096), (4096, 12288)] {
+        let w = r.vec(rows * cols, 0.5);
+        let bits = bf16_bits(&w);
+        let dm = DeviceMatrix::from_half_bits(&d, rows, cols, WeightDtype::Bf16, &bits).unwrap();
+        let wb: Vec<half::bf16> = bits.iter().map(|&b| half::bf16::from_bits(b)).collect();
+        let wrow = d.upload(&wb).unwrap();
+        for t in [128usize, 512, 2048] {
+            let x = r.vec(t * cols, 1.0);
+            let xd = d.upload(&x).unwrap();
+            let xb: Vec<half::bf16> = x.iter().map(|&v| half::bf16::from_f32(v)).collect();
+            let xbd = d.upload(&xb).unwrap();
+            let mut out = d.alloc_zeros::<f32>(t * rows).unwrap();
+            let mut outb = d.alloc_zeros::<half::bf16>(t * rows).unwrap();
+            let flop = 2.0 * (t * rows * cols) as f64;
+            let tf = |ms: f64| flop / (ms * 1e-3) / 1e12;
+            let hl = time_round(&d, &mut || {
+                d.gemm_bf16(&xd, t, &dm, None, &mut out, true).unwrap()
+            });
+            let h = time_round(&d, &mut || {
+                d.gemm_bf16(&xd, t, &dm, None, &mut out, false).unwrap()
+            });
+            let gemv = time_round(&d, &mut || {
+                for off in (0..t).step_by(32) {
+                    let n = (t - off).min(32);
+                    d.linear(
+                        &xd.slice(off * cols..(off + n) * cols),
+                        n,
+                        &dm,
+                        None,
+                        &mut out.slice_mut(off * rows..(off + n) * rows),
+                    )
+                    .unwrap()
+                }
+            });
+            let cfg = GemmConfig {
+                transa: cublasOperation_t::CUBLAS_OP_T,
+                transb: cublasOperation_t::CUBLAS_OP_N,
+                m: rows as i32,
+                n: t as i32,
+                k: cols as i32,
+                alpha: half::bf16::ONE,
+                lda: cols as i32,
+                ldb: cols as i32,
+                beta: half::bf16::ZERO,
+                ldc: rows as i32,
+            };
+            let cublas = time_round(&d, &mut || {
+                // SAFETY: W [rows, cols] and x [t, cols] row-major bf16, out [t, rows].
+                unsafe { blas.gemm(cfg, &wrow, &xbd, &mut outb) }.unwrap()
+            });
+            println!(
+                "RESULT gemm {rows}x{cols} T={t:<4}: hi+lo {:.1} µs {:.0} TFLOP/s | hi {:.1} µs {:.0} TFLOP/s | 32-row GEMVs {:.1} µs {:.0} TFLOP/s | cuBLAS bf16 {:.1} µs {:.0} TFLOP/s",
+                hl * 1e3,
+                tf(hl),
+                h * 1e3,
+                tf(h),
+                gemv * 1e3,
+                tf(gemv),
+                cublas * 1e3,
+                tf(cublas)
+            );
+        }
+    }
+}
