@@ -96,6 +96,7 @@ impl CudaDevice {
     /// `out[T, N] = x[T, K] · Wᵀ (+ bias)` (or, with `swiglu`, the SwiGLU of an interleaved
     /// gate|up matrix into out [T, N/2]) for bf16 weights in the tile layout, x and out at device
     /// addresses `xp` and `op`. Shapes are checked by the callers (`linear`, `linear_swiglu`).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn gemm_bf16_raw(
         &self,
         xp: u64,
