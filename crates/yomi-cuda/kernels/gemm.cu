@@ -221,3 +221,53 @@ GEMM_KERNEL(gemm_bf16_hl, true, false)
 GEMM_KERNEL(gemm_bf16_h, false, false)
 GEMM_KERNEL(gemm_bf16_hl_swiglu, true, true)
 GEMM_KERNEL(gemm_bf16_h_swiglu, false, true)
+
+// ---- The cuBLAS route (src/gemm.rs): the same product through cublasGemmEx ----------------
+// cuBLAS reads plain row-major matrices, so each call first unpacks the weights from the tile
+// layout into a [N, K] row-major scratch (one read and one write of the matrix, amortised over
+// the chunk's T rows), multiplies the hi plane (β = 0) and the lo plane (β = 1) into out
+// [T, N] f32 (bf16 inputs, f32 compute), then applies the bias or the SwiGLU below.
+
+// W tiles (`bf16_tile_index`) → dst [N, K] row-major. One thread per 8 consecutive columns of
+// a row, which sit together in a tile (K is a multiple of 8): one 16-byte load and store.
+extern "C" __global__ void gemm_unpack_tiles(const uint4* __restrict__ tiles,
+                                             uint4* __restrict__ dst, int N, int K) {
+    grid_dep_begin();
+    const int k8 = K / 8;
+    const long total = (long)N * k8;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < total;
+         i += (long)gridDim.x * blockDim.x) {
+        const int r = (int)(i / k8), c = 8 * (int)(i % k8);
+        dst[i] = tiles[bf16_tile_index(r, c, K) / 8];
+    }
+}
+
+// out[t, n] += bias[n] for out [T, N].
+extern "C" __global__ void gemm_add_bias(float* __restrict__ out, const float* __restrict__ bias,
+                                         int T, int N) {
+    grid_dep_begin();
+    const long total = (long)T * N;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < total;
+         i += (long)gridDim.x * blockDim.x)
+        out[i] += bias[i % N];
+}
+
+// The SwiGLU of an interleaved gate|up product (row order of `GateUpMatrix`): proj [T, 2I] →
+// out[t, 8j + g] = silu(gate) · up with gate = proj[t, 16j + g] + bias[8j + g] and
+// up = proj[t, 16j + 8 + g] + bias[I + 8j + g] (bias optional, un-interleaved), the expression
+// of the GEMV's and the GEMM's epilogue.
+extern "C" __global__ void gemm_swiglu_interleaved(const float* __restrict__ proj,
+                                                   const float* __restrict__ bias,
+                                                   float* __restrict__ out, int T, int I) {
+    grid_dep_begin();
+    const long total = (long)T * I;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < total;
+         i += (long)gridDim.x * blockDim.x) {
+        const int t = (int)(i / I), col = (int)(i % I);
+        const int j = col / 8, g = col % 8;
+        const float* row = proj + (size_t)t * 2 * I;
+        const float gt = row[16 * j + g] + (bias ? bias[col] : 0.0f);
+        const float up = row[16 * j + 8 + g] + (bias ? bias[I + col] : 0.0f);
+        out[i] = gt / (1.0f + expf(-gt)) * up;
+    }
+}

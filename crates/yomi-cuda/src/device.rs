@@ -40,10 +40,10 @@ pub struct CudaDevice {
     modules: Mutex<HashMap<Module, Arc<CudaModule>>>,
     funcs: Mutex<HashMap<String, CudaFunction>>,
     infos: Mutex<Vec<ModuleInfo>>,
-    /// The GEMM's bf16 planes of x (see `gemm.rs`), grown on demand.
-    pub(crate) gemm_x: Mutex<Option<CudaSlice<u16>>>,
-    /// GEMM kernels whose dynamic shared memory has been opted into.
-    pub(crate) gemm_ready: Mutex<std::collections::HashSet<&'static str>>,
+    /// Scratch of the prefill GEMM (see `gemm.rs`), grown on demand.
+    pub(crate) gemm: Mutex<crate::gemm::GemmScratch>,
+    /// The cuBLAS handle, made at the first GEMM (None: libcublas cannot be used).
+    pub(crate) blas: std::sync::OnceLock<Option<cudarc::cublas::CudaBlas>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -94,8 +94,8 @@ impl CudaDevice {
                 modules: Mutex::new(HashMap::new()),
                 funcs: Mutex::new(HashMap::new()),
                 infos: Mutex::new(Vec::new()),
-                gemm_x: Mutex::new(None),
-                gemm_ready: Mutex::new(std::collections::HashSet::new()),
+                gemm: Mutex::new(Default::default()),
+                blas: std::sync::OnceLock::new(),
             })
         })
     }

@@ -6,7 +6,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfi
 
 use crate::device::CudaDevice;
 use crate::error::{CudaError, Result, ensure};
-use crate::gemm::{gemm_enabled, gemm_keeps_lo};
+use crate::gemm::{GemmOpts, gemm_enabled, gemm_keeps_lo};
 use crate::guard;
 use crate::kernels::Module;
 use crate::quant::{QuantFormat, QuantWeights};
@@ -669,7 +669,12 @@ impl CudaDevice {
         let st = self.stream();
         let (xp, op) = (dptr(x, st), dptr_mut(out, st));
         if t > MAX_GEMV_ROWS && matches!(w.data, Weights::Bf16Tiles(_)) && gemm_enabled() {
-            return self.gemm_bf16_raw(xp, t, w, bias, op, false, gemm_keeps_lo());
+            let opts = GemmOpts {
+                swiglu: false,
+                lo: gemm_keeps_lo(),
+                route: self.gemm_route(),
+            };
+            return self.gemm_bf16_raw(xp, t, w, bias, op, opts);
         }
         for (off, rows) in row_pieces(t) {
             let kern = variant.unwrap_or_else(|| linear_kernel(w.dtype, rows, w.rows));
@@ -726,7 +731,12 @@ impl CudaDevice {
         let st = self.stream();
         let (xp, op) = (dptr(x, st), dptr_mut(out, st));
         if t > MAX_GEMV_ROWS && gemm_enabled() {
-            return self.gemm_bf16_raw(xp, t, &w.m, bias, op, true, gemm_keeps_lo());
+            let opts = GemmOpts {
+                swiglu: true,
+                lo: gemm_keeps_lo(),
+                route: self.gemm_route(),
+            };
+            return self.gemm_bf16_raw(xp, t, &w.m, bias, op, opts);
         }
         for (off, rows) in row_pieces(t) {
             let bucket = *BUCKETS.iter().find(|&&b| b >= rows).unwrap_or(&32);

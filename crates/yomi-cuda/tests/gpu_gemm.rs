@@ -13,7 +13,9 @@ mod common;
 use common::{Rng, dev, poisoned, time_ms};
 
 use yomi_cpu::linear::{Matrix, WeightData, linear as cpu_linear};
-use yomi_cuda::{CudaDevice, DeviceMatrix, GateUpMatrix, WeightDtype};
+use yomi_cuda::{CudaDevice, DeviceMatrix, GateUpMatrix, GemmRoute, WeightDtype};
+
+const ROUTES: [GemmRoute; 2] = [GemmRoute::Cublas, GemmRoute::Kernel];
 
 fn bf16_bits(v: &[f32]) -> Vec<u16> {
     v.iter()
@@ -61,24 +63,26 @@ fn gemm_matches_cpu() {
             let mut want = vec![0.0; t * rows];
             cpu_linear(&x, t, &cm, with_bias.then_some(&bias[..]), &mut want);
             let xd = d.upload(&x).unwrap();
-            for lo in [true, false] {
-                let mut out = poisoned(&d, t * rows);
-                d.gemm_bf16(&xd, t, &dm, b, &mut out, lo).unwrap();
-                let (rel, max_abs, max_ref) = rel_l2(&d.download(&out).unwrap(), &want);
-                println!(
-                    "RESULT parity gemm {rows}x{cols} T={t:<3} {} {}: max|Δ| {max_abs:.2e} rel-L2 {rel:.2e} max|ref| {max_ref:.2e}",
-                    if lo { "hi+lo" } else { "hi   " },
-                    if with_bias { "+bias" } else { "     " }
-                );
-                let ok = if lo {
-                    rel <= 5e-5 && max_abs <= 1e-4 * max_ref
-                } else {
-                    rel <= 5e-3
-                };
-                if !ok {
-                    failures.push(format!(
-                        "{rows}x{cols} T={t} lo={lo}: rel {rel} max {max_abs}"
-                    ));
+            for route in ROUTES {
+                for lo in [true, false] {
+                    let mut out = poisoned(&d, t * rows);
+                    d.gemm_bf16(&xd, t, &dm, b, &mut out, lo, route).unwrap();
+                    let (rel, max_abs, max_ref) = rel_l2(&d.download(&out).unwrap(), &want);
+                    println!(
+                        "RESULT parity gemm {route:?} {rows}x{cols} T={t:<3} {} {}: max|Δ| {max_abs:.2e} rel-L2 {rel:.2e} max|ref| {max_ref:.2e}",
+                        if lo { "hi+lo" } else { "hi   " },
+                        if with_bias { "+bias" } else { "     " }
+                    );
+                    let ok = if lo {
+                        rel <= 5e-5 && max_abs <= 1e-4 * max_ref
+                    } else {
+                        rel <= 5e-3
+                    };
+                    if !ok {
+                        failures.push(format!(
+                            "{route:?} {rows}x{cols} T={t} lo={lo}: rel {rel} max {max_abs}"
+                        ));
+                    }
                 }
             }
             // `linear` takes the GEMM past 32 rows (with the default planes).
@@ -95,13 +99,17 @@ fn gemm_matches_cpu() {
     let dm = DeviceMatrix::from_half_bits(&d, 8, 16, WeightDtype::Bf16, &[0; 128]).unwrap();
     let xd = d.upload(&[1.0f32; 40 * 16]).unwrap();
     let mut out = d.alloc_zeros::<f32>(41 * 8).unwrap();
-    assert!(d.gemm_bf16(&xd, 40, &dm, None, &mut out, true).is_err());
+    assert!(
+        d.gemm_bf16(&xd, 40, &dm, None, &mut out, true, GemmRoute::Kernel)
+            .is_err()
+    );
     assert!(d.linear(&xd, 40, &dm, None, &mut out).is_err());
 }
 
-/// The SwiGLU epilogue of the GEMM gives exactly what the GEMM over the stacked [gate; up]
-/// matrix followed by `swiglu_pair` gives (every row is summed alike wherever its tile sits):
-/// 9B's MLP and a small odd shape with a bias, T = 33, 100, 512.
+/// On both routes, the GEMM's SwiGLU over the interleaved gate|up matrix gives exactly what the
+/// GEMM over the stacked [gate; up] matrix followed by `swiglu_pair` gives (every row is
+/// summed alike wherever it sits): 9B's MLP and a small odd shape with a bias, T = 33, 100,
+/// 512; and `linear_swiglu` past 32 rows is one of them.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gemm_swiglu_matches_gemm_then_swiglu_pair() {
@@ -122,25 +130,43 @@ fn gemm_swiglu_matches_gemm_then_swiglu_pair() {
         let bias = with_bias.then(|| d.upload(&r.vec(2 * inter, 0.5)).unwrap());
         for t in [33usize, 100, 512] {
             let x = d.upload(&r.vec(t * k, 1.0)).unwrap();
-            let mut proj = poisoned(&d, t * 2 * inter);
-            let mut want = poisoned(&d, t * inter);
-            d.linear(&x, t, &stacked, bias.as_ref(), &mut proj).unwrap();
-            d.swiglu_pair(&proj, t, inter, &mut want).unwrap();
-            let mut got = poisoned(&d, t * inter);
-            d.linear_swiglu(&x, t, &gu, bias.as_ref(), &mut got)
+            let mut outs = Vec::new();
+            for route in ROUTES {
+                let mut proj = poisoned(&d, t * 2 * inter);
+                let mut want = poisoned(&d, t * inter);
+                d.gemm_bf16(&x, t, &stacked, bias.as_ref(), &mut proj, true, route)
+                    .unwrap();
+                d.swiglu_pair(&proj, t, inter, &mut want).unwrap();
+                let mut got = poisoned(&d, t * inter);
+                d.gemm_bf16_swiglu(&x, t, &gu, bias.as_ref(), &mut got, true, route)
+                    .unwrap();
+                let (got, want) = (d.download(&got).unwrap(), d.download(&want).unwrap());
+                assert!(got.iter().all(|v| v.is_finite()), "unwritten output");
+                let bad = got
+                    .iter()
+                    .zip(&want)
+                    .position(|(a, b)| a.to_bits() != b.to_bits());
+                assert!(
+                    bad.is_none(),
+                    "{route:?} I={inter} T={t}: first difference at {bad:?}"
+                );
+                println!(
+                    "RESULT gemm swiglu {route:?} I={inter} K={k} bias {with_bias} T={t}: bit-identical to gemm + swiglu_pair"
+                );
+                outs.push((route, got));
+            }
+            let mut lin = poisoned(&d, t * inter);
+            d.linear_swiglu(&x, t, &gu, bias.as_ref(), &mut lin)
                 .unwrap();
-            let (got, want) = (d.download(&got).unwrap(), d.download(&want).unwrap());
-            assert!(got.iter().all(|v| v.is_finite()), "unwritten output");
-            let bad = got
+            let lin = d.download(&lin).unwrap();
+            let route = d.gemm_route();
+            let same = outs
                 .iter()
-                .zip(&want)
-                .position(|(a, b)| a.to_bits() != b.to_bits());
+                .find(|(r, _)| *r == route)
+                .is_some_and(|(_, o)| o.iter().zip(&lin).all(|(a, b)| a.to_bits() == b.to_bits()));
             assert!(
-                bad.is_none(),
-                "I={inter} T={t}: first difference at {bad:?}"
-            );
-            println!(
-                "RESULT gemm swiglu I={inter} K={k} bias {with_bias} T={t}: bit-identical to gemm + swiglu_pair"
+                same,
+                "linear_swiglu T={t} is not the {route:?} route's result"
             );
         }
     }
@@ -150,9 +176,11 @@ fn time_round(d: &CudaDevice, f: &mut dyn FnMut()) -> f64 {
     time_ms(d, 3, 15, f)
 }
 
-/// The GEMM's time per matrix at 9B shapes and chunk sizes 128…2048, as TFLOP/s, beside the
-/// consecutive 32-row GEMV launches it replaces and cuBLAS's bf16 GEMM (`cublasGemmEx`, bf16
-/// in and out, f32 compute) on a row-major copy of the same weights, in the same process.
+/// The GEMM's time per matrix at 9B shapes and chunk sizes 128…2048, as TFLOP/s (useful
+/// products: 2·N·K·T), both routes with and without the lo plane (the cuBLAS route's time
+/// includes the unpack of the weights and the split of x), beside the consecutive 32-row GEMV
+/// launches it replaces and a bare `cublasGemmEx` (bf16 in and out, f32 compute) on a resident
+/// row-major copy of the same weights, in the same process.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn z_gemm_timing() {
@@ -175,12 +203,13 @@ fn z_gemm_timing() {
             let mut outb = d.alloc_zeros::<half::bf16>(t * rows).unwrap();
             let flop = 2.0 * (t * rows * cols) as f64;
             let tf = |ms: f64| flop / (ms * 1e-3) / 1e12;
-            let hl = time_round(&d, &mut || {
-                d.gemm_bf16(&xd, t, &dm, None, &mut out, true).unwrap()
-            });
-            let h = time_round(&d, &mut || {
-                d.gemm_bf16(&xd, t, &dm, None, &mut out, false).unwrap()
-            });
+            let mut run = |lo: bool, route: GemmRoute| {
+                time_round(&d, &mut || {
+                    d.gemm_bf16(&xd, t, &dm, None, &mut out, lo, route).unwrap()
+                })
+            };
+            let (khl, kh) = (run(true, GemmRoute::Kernel), run(false, GemmRoute::Kernel));
+            let (chl, ch) = (run(true, GemmRoute::Cublas), run(false, GemmRoute::Cublas));
             let gemv = time_round(&d, &mut || {
                 for off in (0..t).step_by(32) {
                     let n = (t - off).min(32);
@@ -210,16 +239,15 @@ fn z_gemm_timing() {
                 // SAFETY: W [rows, cols] and x [t, cols] row-major bf16, out [t, rows].
                 unsafe { blas.gemm(cfg, &wrow, &xbd, &mut outb) }.unwrap()
             });
+            let f = |ms: f64| format!("{:.1} µs {:.0} TFLOP/s", ms * 1e3, tf(ms));
             println!(
-                "RESULT gemm {rows}x{cols} T={t:<4}: hi+lo {:.1} µs {:.0} TFLOP/s | hi {:.1} µs {:.0} TFLOP/s | 32-row GEMVs {:.1} µs {:.0} TFLOP/s | cuBLAS bf16 {:.1} µs {:.0} TFLOP/s",
-                hl * 1e3,
-                tf(hl),
-                h * 1e3,
-                tf(h),
-                gemv * 1e3,
-                tf(gemv),
-                cublas * 1e3,
-                tf(cublas)
+                "RESULT gemm {rows}x{cols} T={t:<4}: cuBLAS route hi+lo {} | hi {} || kernel hi+lo {} | hi {} || 32-row GEMVs {} || bare cublasGemmEx bf16 {}",
+                f(chl),
+                f(ch),
+                f(khl),
+                f(kh),
+                f(gemv),
+                f(cublas)
             );
         }
     }
