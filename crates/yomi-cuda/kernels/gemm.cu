@@ -123,7 +123,6 @@ __device__ __forceinline__ void gemm_body(const uint4* __restrict__ Wt,
     const int nrb = (N + 63) / 64 * 4;  // row tiles in the layout (rows padded to 64)
     const int nst = (S + 1) / 2;
 
-    grid_dep_begin();
 #pragma unroll
     for (int p = 0; p < GEMM_STAGES - 1; ++p) {
         if (p < nst)
@@ -214,6 +213,7 @@ __device__ __forceinline__ void gemm_body(const uint4* __restrict__ Wt,
         NAME(const uint4* __restrict__ Wt, const uint4* __restrict__ xh,                       \
              const uint4* __restrict__ xl, const float* __restrict__ bias,                     \
              float* __restrict__ out, int N, int S, int T) {                                   \
+        grid_dep_begin();                                                                      \
         gemm_body<LO, SW>(Wt, xh, xl, bias, out, N, S, T);                                     \
     }
 

@@ -367,6 +367,7 @@ mod tests {
                 let defined = src.contains(&format!("void {k}("))
                     || src.contains(&format!("void\n    {k}("))
                     || src.contains(&format!("    {k}("))
+                    || src.contains(&format!("GEMM_KERNEL({k}, "))
                     || gemv_macro_defines(src, &k)
                     || attn_macro_defines(src, &k)
                     || crate::quant::macro_defines(src, &k);
