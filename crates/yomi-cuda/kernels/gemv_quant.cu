@@ -434,7 +434,53 @@ __device__ __forceinline__ void dequant_rows_body(const QPtrs a, const int* __re
         dequant_rows_body<F>(QPtrs{a0, a1, a2, a3}, ids, out, N, K);                           \
     }
 
-// Kernel names: gemv_<fmt>_t<TM>_r<R>_u<U> and dequant_rows_<fmt>; src/quant.rs lists the same
+// The whole matrix as two bf16 planes for the prefill GEMM (src/gemm.rs): W = hi + lo with
+// hi = bf16(W), lo = bf16(W − hi) (about 16 significant bits of GGML's exact value), wh and wl
+// [N, K] row-major. Grid (ceil(K/32 / 256), N), one thread per unit.
+template <int F>
+__device__ __forceinline__ void dequant_hl_body(const QPtrs a, u16* __restrict__ wh,
+                                                u16* __restrict__ wl, int N, int K) {
+    const int nu = K / 32;
+    const int u = blockIdx.x * blockDim.x + threadIdx.x;
+    if (u >= nu) return;
+    const int row = blockIdx.y;
+    QRaw raw;
+    q_load<F>(raw, a, (size_t)row, nu, u);
+    const QScale sc = q_scale<F>(raw, u);
+    const size_t o = (size_t)row * K;
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+        float v[2][4];
+        q_pair<F>(raw, sc, p, v[0], v[1]);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            u32 h[2], l[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float x0 = v[half][2 * e], x1 = v[half][2 * e + 1];
+                asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(h[e]) : "f"(x1), "f"(x0));
+                const float h0 = __uint_as_float(h[e] << 16);
+                const float h1 = __uint_as_float(h[e] & 0xffff0000u);
+                asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(l[e]) : "f"(x1 - h1), "f"(x0 - h0));
+            }
+            const size_t col = o + sc.base + (half ? sc.hoff : 0) + 4 * p;
+            *(uint2*)(wh + col) = make_uint2(h[0], h[1]);
+            *(uint2*)(wl + col) = make_uint2(l[0], l[1]);
+        }
+    }
+}
+
+#define DEQUANT_HL_KERNEL(NAME, F)                                                             \
+    extern "C" __global__ void NAME(const uint4* __restrict__ a0,                             \
+                                    const unsigned char* __restrict__ a1,                      \
+                                    const unsigned char* __restrict__ a2,                      \
+                                    const unsigned char* __restrict__ a3, u16* __restrict__ wh, \
+                                    u16* __restrict__ wl, int N, int K) {                      \
+        grid_dep_begin();                                                                      \
+        dequant_hl_body<F>(QPtrs{a0, a1, a2, a3}, wh, wl, N, K);                               \
+    }
+
+// Kernel names: gemv_<fmt>_t<TM>_r<R>_u<U>, dequant_rows_<fmt> and dequant_hl_<fmt>; src/quant.rs lists the same
 // (bucket, R, U) set (`QUANT_VARIANTS`) and picks the default per bucket.
 #define QGEMV_FORMAT(D, F)                          \
     QGEMV_KERNEL(gemv_##D##_t1_r1_u4, F, 1, 1, 4)   \
@@ -448,7 +494,8 @@ __device__ __forceinline__ void dequant_rows_body(const QPtrs a, const int* __re
     QGEMV_KERNEL(gemv_##D##_t16_r2_u1, F, 16, 2, 1) \
     QGEMV_KERNEL(gemv_##D##_t16_r4_u1, F, 16, 4, 1) \
     QGEMV_KERNEL(gemv_##D##_t32_r2_u1, F, 32, 2, 1) \
-    DEQUANT_KERNEL(dequant_rows_##D, F)
+    DEQUANT_KERNEL(dequant_rows_##D, F)             \
+    DEQUANT_HL_KERNEL(dequant_hl_##D, F)
 
 QGEMV_FORMAT(q8_0, QF_Q8_0)
 QGEMV_FORMAT(q4_0, QF_Q4_0)

@@ -8,8 +8,10 @@
 //! - [`GemmRoute::Cublas`] (the default when libcublas loads): the weights are unpacked from the
 //!   tile layout into a row-major scratch (one read and one write of the matrix per call), then
 //!   two `cublasGemmEx` (bf16 in, f32 out and compute; β = 1 for the lo plane) and a bias or
-//!   SwiGLU kernel. H200 at T = 512: ~4× the throughput of the kernel below
-//!   (bench/RESULTS.md).
+//!   SwiGLU kernel. H200, 12288×4096 at T = 512: 1.7× the kernel below, 5× the 32-row GEMVs
+//!   (bench/RESULTS.md). Block-quantized weights (GGUF) take this route too: they are
+//!   dequantized into two bf16 planes W = Wh + Wl (GGML's exact values to about 16 bits), and
+//!   three products Wh·xh + Wh·xl + Wl·xh are summed (the dropped Wl·xl is ~2⁻¹⁶ relative).
 //! - [`GemmRoute::Kernel`]: yomi's own `mma.sync` kernel that reads the tile layout directly
 //!   (no scratch, no library), 128 weight rows × 64 x rows per block, with the SwiGLU in its
 //!   epilogue. The fallback where cuBLAS cannot be loaded, and the cross-check in the tests.
@@ -256,11 +258,15 @@ impl CudaDevice {
         op: u64,
         opts: GemmOpts,
     ) -> Result<()> {
-        let Weights::Bf16Tiles(wt) = &w.data else {
-            return Err(CudaError::Invalid(format!(
-                "gemm: {:?} weights; the GEMM reads bf16 tiles",
-                w.dtype
-            )));
+        let tiles = match &w.data {
+            Weights::Bf16Tiles(wt) => Some(wt),
+            Weights::Quant(_) if opts.route == GemmRoute::Cublas && !opts.swiglu => None,
+            _ => {
+                return Err(CudaError::Invalid(format!(
+                    "gemm: {:?} weights on the {:?} route",
+                    w.dtype, opts.route
+                )));
+            }
         };
         let (n, k) = (w.rows, w.cols);
         ensure!(
@@ -290,7 +296,7 @@ impl CudaDevice {
             unsafe { b.launch(stride_cfg(plane / 8)) }.map_err(launch_err("gemm_split_x"))
         })?;
         let null: u64 = 0;
-        if opts.route == GemmRoute::Kernel {
+        if let (GemmRoute::Kernel, Some(wt)) = (opts.route, tiles) {
             let name: &'static str = match (opts.lo, opts.swiglu) {
                 (true, false) => "gemm_bf16_hl",
                 (false, false) => "gemm_bf16_h",
@@ -335,29 +341,49 @@ impl CudaDevice {
         let blas = self.blas().ok_or_else(|| {
             CudaError::Invalid("gemm: the cuBLAS route without a cuBLAS handle".into())
         })?;
-        let wp = grow(self, &mut sc.w, n * k)?;
-        let unpack = self.func(Module::Gemm, "gemm_unpack_tiles")?;
-        guard("gemm", || {
-            let mut b = self.launch(&unpack);
-            b.arg(wt).arg(&wp).arg(&n_i).arg(&k_i);
-            // SAFETY: the tiles hold [n, k] (padded); the scratch holds n·k u16.
-            unsafe { b.launch(stride_cfg(n * k / 8)) }.map_err(launch_err("gemm_unpack_tiles"))
-        })?;
+        // The weights as row-major bf16: bf16 tiles unpacked (exact), block quants dequantized
+        // into hi + lo planes (GGML's values to about 16 significant bits).
+        let products: Vec<(u64, u64, f32)> = match (tiles, &w.data) {
+            (Some(wt), _) => {
+                let wp = grow(self, &mut sc.w, n * k)?;
+                let unpack = self.func(Module::Gemm, "gemm_unpack_tiles")?;
+                guard("gemm", || {
+                    let mut b = self.launch(&unpack);
+                    b.arg(wt).arg(&wp).arg(&n_i).arg(&k_i);
+                    // SAFETY: the tiles hold [n, k] (padded); the scratch holds n·k u16.
+                    unsafe { b.launch(stride_cfg(n * k / 8)) }
+                        .map_err(launch_err("gemm_unpack_tiles"))
+                })?;
+                let mut v = vec![(wp, hp, 0.0)];
+                if opts.lo {
+                    v.push((wp, lp, 1.0));
+                }
+                v
+            }
+            (None, Weights::Quant(q)) => {
+                let wh = grow(self, &mut sc.w, 2 * n * k)?;
+                let wl = wh + (n * k * 2) as u64;
+                self.dequant_hl(w, q, wh, wl)?;
+                // (Wh + Wl)(xh + xl) without the Wl·xl term (~2⁻¹⁶ relative).
+                let mut v = vec![(wh, hp, 0.0)];
+                if opts.lo {
+                    v.push((wh, lp, 1.0));
+                    v.push((wl, hp, 1.0));
+                }
+                v
+            }
+            _ => unreachable!("checked above"),
+        };
         let cp = if opts.swiglu {
             grow(self, &mut sc.c, t * n)?
         } else {
             op
         };
         let kp_i = as_i32(slabs * 32, "in")?;
-        let planes: &[(u64, f32)] = if opts.lo {
-            &[(hp, 0.0), (lp, 1.0)]
-        } else {
-            &[(hp, 0.0)]
-        };
-        for &(bp, beta) in planes {
+        for &(wp, bp, beta) in &products {
             let alpha = 1.0f32;
             guard("gemm", || {
-                // SAFETY: A = the unpacked W, [n, k] row-major (column-major [k, n], ld k,
+                // SAFETY: A = a bf16 plane of W, [n, k] row-major (column-major [k, n], ld k,
                 // transposed); B = a plane, [t, 32·slabs] row-major (column-major, ld 32·slabs);
                 // C = [t, n] row-major f32 (column-major [n, t], ld n); all allocated above or
                 // checked by the caller; alpha/beta are host f32 (the default pointer mode).

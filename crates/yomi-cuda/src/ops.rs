@@ -6,7 +6,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfi
 
 use crate::device::CudaDevice;
 use crate::error::{CudaError, Result, ensure};
-use crate::gemm::{GemmOpts, gemm_enabled, gemm_keeps_lo};
+use crate::gemm::{GemmOpts, GemmRoute, gemm_enabled, gemm_keeps_lo};
 use crate::guard;
 use crate::kernels::Module;
 use crate::quant::{QuantFormat, QuantWeights};
@@ -618,8 +618,8 @@ impl CudaDevice {
     /// at K = 4096–12288, against 3e-7 for the SIMT kernels; see `kernels/gemv.cu`), and
     /// block-quantized matrices ([`DeviceMatrix::from_ggml_blocks`]) go through
     /// `kernels/gemv_quant.cu`, dequantizing in registers. More rows (prefill chunks) take the
-    /// tensor-core GEMM for bf16 weights ([`CudaDevice::gemm_bf16`]) and consecutive GEMV
-    /// launches of up to 32 rows for the other types.
+    /// GEMM of `gemm.rs` for bf16 weights and, through cuBLAS, block-quantized ones
+    /// ([`CudaDevice::gemm_bf16`]), and consecutive GEMV launches of up to 32 rows otherwise.
     pub fn linear(
         &self,
         x: &impl DevicePtr<f32>,
@@ -668,7 +668,13 @@ impl CudaDevice {
         }
         let st = self.stream();
         let (xp, op) = (dptr(x, st), dptr_mut(out, st));
-        if t > MAX_GEMV_ROWS && matches!(w.data, Weights::Bf16Tiles(_)) && gemm_enabled() {
+        // Block quants take the GEMM only through cuBLAS (dequantized into bf16 planes).
+        let gemm_ok = match &w.data {
+            Weights::Bf16Tiles(_) => true,
+            Weights::Quant(_) => self.gemm_route() == GemmRoute::Cublas && n <= 65535,
+            _ => false,
+        };
+        if t > MAX_GEMV_ROWS && gemm_ok && variant.is_none() && gemm_enabled() {
             let opts = GemmOpts {
                 swiglu: false,
                 lo: gemm_keeps_lo(),

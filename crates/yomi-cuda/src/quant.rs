@@ -443,6 +443,7 @@ pub(crate) fn all_kernels() -> Vec<String> {
             v.push(format!("gemv_{}_t{b}_r{r}_u{u}", f.tag()));
         }
         v.push(format!("dequant_rows_{}", f.tag()));
+        v.push(format!("dequant_hl_{}", f.tag()));
     }
     v
 }
@@ -458,6 +459,9 @@ pub(crate) fn macro_defines(src: &str, name: &str) -> bool {
         }
         if name == format!("dequant_rows_{}", f.tag()) {
             return src.contains("DEQUANT_KERNEL(dequant_rows_##D, F)");
+        }
+        if name == format!("dequant_hl_{}", f.tag()) {
+            return src.contains("DEQUANT_HL_KERNEL(dequant_hl_##D, F)");
         }
         let Some(tail) = name.strip_prefix(&format!("gemv_{}_", f.tag())) else {
             return false;
@@ -515,6 +519,43 @@ impl CudaDevice {
             b.arg(&op).arg(&n_i).arg(&k_i).arg(&t_i);
             // SAFETY: argument types match the gemv_<fmt> kernels; the arrays hold the layout of
             // a [rows, cols] matrix (built by `pack`), x/out/bias lengths checked by the caller.
+            unsafe { b.launch(cfg) }.map_err(|e| CudaError::driver(format!("launch {name}"), e))
+        })
+    }
+
+    /// The whole matrix as bf16 planes hi, lo ([rows, cols] row-major each, at device addresses
+    /// `hp` and `lp`) with W = hi + lo to about 16 significant bits (the prefill GEMM's weights).
+    pub(crate) fn dequant_hl(
+        &self,
+        w: &DeviceMatrix,
+        q: &QuantWeights,
+        hp: u64,
+        lp: u64,
+    ) -> Result<()> {
+        let name = format!("dequant_hl_{}", q.fmt.tag());
+        let f = self.func(Module::GemvQuant, &name)?;
+        let nu = w.cols / UNIT;
+        ensure!(
+            w.rows <= 65535,
+            "dequant_hl: {} rows; one launch takes at most 65535",
+            w.rows
+        );
+        let (n_i, k_i) = (
+            i32::try_from(w.rows).map_err(|_| CudaError::Invalid("too many rows".into()))?,
+            i32::try_from(w.cols).map_err(|_| CudaError::Invalid("too many cols".into()))?,
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (nu.div_ceil(256) as u32, w.rows as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let null: u64 = 0;
+        guard("dequant_hl", || {
+            let mut b = self.launch(&f);
+            kernel_args(&mut b, q, &null);
+            b.arg(&hp).arg(&lp).arg(&n_i).arg(&k_i);
+            // SAFETY: argument types match dequant_hl_<fmt>; both planes hold rows·cols u16
+            // (allocated by the caller).
             unsafe { b.launch(cfg) }.map_err(|e| CudaError::driver(format!("launch {name}"), e))
         })
     }

@@ -136,6 +136,63 @@ const SHAPES: [(usize, usize); 7] = [
     (1001, 512),
 ];
 
+/// Past 32 rows `linear` takes the prefill GEMM (cuBLAS on bf16 planes W = hi + lo and
+/// x = hi + lo; see src/gemm.rs): every format at SmolLM2's and 9B's shapes and a ragged one
+/// with a bias, T = 100, against the same f64 reference. Tolerance: relative L2 ≤ 5e-5 and
+/// max|Δ| ≤ 1e-4·max|ref| (both factors kept to about 16 significant bits; the bf16 GEMM with
+/// exact weights measured 5e-6).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn quant_gemm_matches_f64_reference() {
+    let d = dev();
+    assert_eq!(
+        d.gemm_route(),
+        yomi_cuda::GemmRoute::Cublas,
+        "this test is about the cuBLAS route (libcublas must load)"
+    );
+    let t = 100;
+    let mut failures = Vec::new();
+    for (si, &(rows, cols)) in [(576usize, 1536usize), (4096, 4096), (1001, 512)]
+        .iter()
+        .enumerate()
+    {
+        let mut r = Rng::new(300 + si as u64);
+        let x = r.vec(t * cols, 1.0);
+        let xd = d.upload(&x).unwrap();
+        let with_bias = rows == 1001;
+        let bias = r.vec(rows, 1.0);
+        let bd = d.upload(&bias).unwrap();
+        for f in QuantFormat::ALL {
+            if !cols.is_multiple_of(f.block_size()) {
+                continue;
+            }
+            let bytes = random_blocks(f, rows, cols, 17 + si as u64);
+            let dm = DeviceMatrix::from_ggml_blocks(&d, rows, cols, f, &bytes).unwrap();
+            let w = dequantize_all(f, rows, cols, &bytes);
+            let want = reference(&w, rows, cols, &x, t);
+            let mut out = d.upload(&vec![f32::NAN; t * rows]).unwrap();
+            d.linear(&xd, t, &dm, with_bias.then_some(&bd), &mut out)
+                .unwrap();
+            let got = d.download(&out).unwrap();
+            let e = compare(&got, |i| {
+                let (tt, o) = (i / rows, i % rows);
+                want[o * t + tt] + if with_bias { bias[o] as f64 } else { 0.0 }
+            });
+            println!(
+                "RESULT parity quant-gemm {f} {rows}x{cols}{} T={t}: rel-L2 {:.2e} max|Δ| {:.2e} max|ref| {:.2e}",
+                if with_bias { " +bias" } else { "" },
+                e.rel_l2,
+                e.max_abs,
+                e.max_ref
+            );
+            if !(e.rel_l2 <= 5e-5 && e.max_abs <= 1e-4 * e.max_ref) {
+                failures.push(format!("{f} {rows}x{cols}: rel {:.2e}", e.rel_l2));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn quant_linear_matches_f64_reference() {
@@ -382,5 +439,44 @@ fn z_quant_gemv_timing() {
                 }
             }
         }
+    }
+}
+
+/// The prefill GEMM on quantized weights (dequantize into bf16 planes + cuBLAS) against the
+/// consecutive 32-row GEMV launches it replaces: 9B's gate|up shape, T = 512, per format.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn z_quant_gemm_timing() {
+    let d = dev();
+    let (rows, cols, t) = (12288usize, 4096usize, 512usize);
+    let mut r = Rng::new(400);
+    let xd = d.upload(&r.vec(t * cols, 1.0)).unwrap();
+    let mut out = d.alloc_zeros::<f32>(t * rows).unwrap();
+    let flop = 2.0 * (t * rows * cols) as f64;
+    for f in QuantFormat::ALL {
+        let bytes = random_blocks(f, rows, cols, 23);
+        let dm = DeviceMatrix::from_ggml_blocks(&d, rows, cols, f, &bytes).unwrap();
+        let gemm = time_ms(&d, 2, 10, || {
+            d.linear(&xd, t, &dm, None, &mut out).unwrap();
+        });
+        let pieces = time_ms(&d, 2, 10, || {
+            for off in (0..t).step_by(32) {
+                d.linear(
+                    &xd.slice(off * cols..(off + 32) * cols),
+                    32,
+                    &dm,
+                    None,
+                    &mut out.slice_mut(off * rows..(off + 32) * rows),
+                )
+                .unwrap();
+            }
+        });
+        println!(
+            "RESULT quant-gemm {f} {rows}x{cols} T={t}: GEMM {:.1} µs ({:.0} TFLOP/s) | 32-row GEMVs {:.1} µs ({:.0} TFLOP/s)",
+            gemm * 1e3,
+            flop / (gemm * 1e-3) / 1e12,
+            pieces * 1e3,
+            flop / (pieces * 1e-3) / 1e12
+        );
     }
 }
