@@ -4,7 +4,12 @@
 //!
 //! ```text
 //! model_bench <hf-model-dir> [--contexts 1024,8192] [--rows 1,2,4,8,16,32,64] [--reps 20]
+//!             [--prefill-chunks 256,2048]
 //! ```
+//!
+//! Prefill: for each context and each `--prefill-chunks` size, the context's tokens are
+//! prefilled into a fresh state in chains of that many rows (each committed whole, as the
+//! engine does), timed end to end (device synchronised); tok/s per chunk size.
 //!
 //! T ≤ 32 rows are a tree (node i's parent is (i−1)/2: a balanced binary tree, the shape of a
 //! wide draft); T = 64 is a chain of two 32-row sub-passes (trees take at most 32 rows). The
@@ -40,12 +45,14 @@ fn main() -> Result<()> {
         .next()
         .context("usage: model_bench <hf-model-dir> [--contexts ..] [--rows ..] [--reps N]")?;
     let (mut contexts, mut rows, mut reps) = (vec![1024, 8192], vec![1, 2, 4, 8, 16, 32, 64], 20);
+    let mut prefill_chunks = vec![256];
     while let Some(a) = args.next() {
         let v = args.next().context("flag without a value")?;
         match a.as_str() {
             "--contexts" => contexts = list(&v)?,
             "--rows" => rows = list(&v)?,
             "--reps" => reps = v.parse()?,
+            "--prefill-chunks" => prefill_chunks = list(&v)?,
             _ => anyhow::bail!("unknown flag {a}"),
         }
     }
@@ -96,6 +103,30 @@ fn main() -> Result<()> {
         rng ^= rng << 17;
         (rng % v) as u32
     };
+    for &ctx in &contexts {
+        let prompt: Vec<u32> = (0..ctx).map(|_| tok()).collect();
+        for &chunk in &prefill_chunks {
+            let chunk = chunk.max(1);
+            // One untimed round first: kernel loads, cuBLAS's first calls, scratch growth.
+            for round in 0..2 {
+                let mut st = cm.new_cuda_state(ctx + 1)?;
+                dev.synchronize()?;
+                let tp = Instant::now();
+                for (i, part) in prompt.chunks(chunk).enumerate() {
+                    cm.prefill_chain(&mut st, i * chunk, part)?;
+                }
+                dev.synchronize()?;
+                let s = tp.elapsed().as_secs_f64();
+                if round == 1 {
+                    println!(
+                        "prefill of {ctx} tokens in chains of {chunk}: {:.3} s, {:.0} tok/s",
+                        s,
+                        ctx as f64 / s
+                    );
+                }
+            }
+        }
+    }
     println!("| context | T | ms / pass | × T=1 | T=1 floor / time |");
     println!("|---|---|---|---|---|");
     for &ctx in &contexts {
