@@ -21,6 +21,14 @@ use crate::tokenizer::StreamDecoder;
 /// attention scratch modest.
 pub const PREFILL_CHUNK: usize = 256;
 
+/// Rows per prefill pass for `model`: PREFILL_CHUNK, or the multiple of it closest above what
+/// its accelerator asks for.
+pub fn prefill_rows(model: &Model) -> usize {
+    model
+        .prefill_rows()
+        .map_or(PREFILL_CHUNK, |r| r.div_ceil(PREFILL_CHUNK).max(1) * PREFILL_CHUNK)
+}
+
 /// Draft tokens per pass unless told otherwise.
 pub const DEFAULT_DRAFT_BUDGET: usize = 16;
 /// The largest draft budget accepted.
@@ -418,11 +426,13 @@ impl Engine {
         if cached == prompt.len() {
             logits.extend_from_slice(last_logits.expect("checked above"));
         }
-        // Chunks end at multiples of PREFILL_CHUNK (absolute positions), so a resumed prefill
-        // runs the same passes a cold one would from that point.
+        // Chunks end at multiples of the chunk size (absolute positions), so a resumed prefill
+        // runs the same passes a cold one would from that point. A device may ask for longer
+        // chunks (a multiple of PREFILL_CHUNK).
+        let chunk = prefill_rows(model);
         let mut pos = cached;
         while pos < prompt.len() {
-            let end = ((pos / PREFILL_CHUNK + 1) * PREFILL_CHUNK).min(prompt.len());
+            let end = ((pos / chunk + 1) * chunk).min(prompt.len());
             let part = &prompt[pos..end];
             let last = end == prompt.len();
             tree.set_chain(part.len());

@@ -28,6 +28,12 @@ pub trait Accelerator: Send + Sync {
     /// The most rows of a tree (not a chain) one pass takes; longer chains are fine.
     fn max_tree_rows(&self) -> usize;
 
+    /// Rows per prefill pass the device runs best (None: the engine's default). A GPU reads each
+    /// weight once per pass, so it wants long chains.
+    fn prefill_rows(&self) -> Option<usize> {
+        None
+    }
+
     /// A fresh device state for up to `capacity` tokens (zeroed recurrent states).
     fn new_state(&self, capacity: usize) -> Result<Box<dyn AccelState>>;
 

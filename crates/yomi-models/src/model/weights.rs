@@ -144,6 +144,11 @@ impl Model {
             .map_or(usize::MAX, |a| a.max_tree_rows())
     }
 
+    /// Rows per prefill pass the accelerator prefers (None on the CPU: the engine's default).
+    pub fn prefill_rows(&self) -> Option<usize> {
+        self.accel.as_ref().and_then(|a| a.prefill_rows())
+    }
+
     /// A fresh state for up to `capacity` tokens; with an accelerator its passes run there (the
     /// device state is made on the first pass).
     pub fn new_state(&self, capacity: usize) -> crate::State {
