@@ -37,7 +37,9 @@ const STAGES: usize = 3;
 const A_STAGE_BYTES: usize = 16 * 1024;
 const B_STAGE_BYTES: usize = 8 * 1024;
 
-fn env_flag(name: &str) -> bool {
+/// A 0/1 switch from the environment: unset, empty or 1 → on, 0 → off, anything else → on
+/// with a warning.
+pub(crate) fn env_flag(name: &str) -> bool {
     match std::env::var(name) {
         Ok(v) if v == "0" => false,
         Ok(v) if v == "1" || v.is_empty() => true,

@@ -6,7 +6,9 @@
 //! A pass runs as sub-passes of at most [`MAX_ROWS`] rows. A tree must fit in one; a longer
 //! chain (a prefill chunk) runs its sub-passes in order, each starting from the previous one's
 //! K/V rows, final GDN state and last conv window, which is the chain's own recurrence cut in
-//! pieces. Such a chain can only be committed whole (prefill does).
+//! pieces. Such a chain can only be committed whole (prefill does). When its logits are wanted
+//! for its last row or none, it runs layer-major instead (`chunk.rs`): each layer over all its
+//! rows, with the same mixer cores per piece of 32 rows ([`CudaModel::run_layers`]).
 
 use anyhow::{Result, bail};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -26,17 +28,17 @@ use yomi_core::GdnShape;
 /// The GDN q/k l2-norm epsilon (inside the root), as on the CPU.
 const L2_EPS: f32 = 1e-6;
 
-/// Where one sub-pass sits in its pass.
+/// Where one sub-pass (or chunk pass) sits in its pass.
 #[derive(Clone, Copy)]
-struct Sub {
+pub(super) struct Sub {
     /// Rows committed before the pass.
-    committed: usize,
+    pub committed: usize,
     /// First row of the sub-pass within the pass.
-    off: usize,
+    pub off: usize,
     /// Rows in the sub-pass.
-    n: usize,
+    pub n: usize,
     /// The pass is a chain.
-    chain: bool,
+    pub chain: bool,
 }
 
 /// One call of a mixer's core: at most [`MAX_ROWS`] consecutive rows of a pass (a sub-pass is
@@ -117,6 +119,8 @@ impl CudaModel {
 
     /// [`CudaModel::run_forward`]; with `logits` None the LM head still runs for the rows
     /// `which` selects but nothing is copied back (benchmarks time the device's pass alone).
+    /// A chain of more than MAX_ROWS rows with logits of its last row or none runs as chunk
+    /// passes (`chunk.rs`) unless `YOMI_CUDA_CHUNK=0`.
     pub(super) fn run_forward_opt(
         &self,
         st: &mut CudaState,
@@ -124,20 +128,56 @@ impl CudaModel {
         tokens: &[u32],
         tree: &TreeBatch,
         which: LogitRows,
+        logits: Option<&mut Vec<f32>>,
+    ) -> Result<()> {
+        let chunk_rows = super::chunk::chunk_enabled().then_some(super::chunk::CHUNK_ROWS);
+        self.forward_pass(st, committed, tokens, tree, which, logits, chunk_rows)
+    }
+
+    /// [`CudaModel::run_forward_opt`] with chunk passes of at most `chunk_rows` rows for long
+    /// chains, or sub-passes only (None).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn forward_pass(
+        &self,
+        st: &mut CudaState,
+        committed: usize,
+        tokens: &[u32],
+        tree: &TreeBatch,
+        which: LogitRows,
         mut logits: Option<&mut Vec<f32>>,
+        chunk_rows: Option<usize>,
     ) -> Result<()> {
         let t = tokens.len();
         let chain = tree.is_chain();
+        if tree.len() != t {
+            bail!("{t} tokens but the tree has {} rows", tree.len());
+        }
         if !chain && t > MAX_ROWS {
             bail!("a tree pass on CUDA takes at most {MAX_ROWS} rows, not {t}");
         }
+        if committed.checked_add(t).is_none_or(|end| end > st.capacity) {
+            bail!(
+                "{committed} committed rows + {t} new ones exceed the device state's {} rows",
+                st.capacity
+            );
+        }
         let v = self.cfg.vocab_size;
+        if let Some(&bad) = tokens.iter().find(|&&x| x as usize >= v) {
+            bail!("token id {bad} is outside the vocabulary of {v} tokens");
+        }
         let rows_out = which.count(t);
         if let Some(l) = logits.as_deref_mut() {
             l.resize(rows_out * v, 0.0);
         }
         // The logits buffer is about to change: nothing in it is the host's to fetch.
         st.logit_rows = 0;
+        if let Some(k) = chunk_rows
+            && chain
+            && t > MAX_ROWS
+            && which != LogitRows::All
+        {
+            return self.run_chunked(st, committed, tokens, which, logits, k);
+        }
         let mut off = 0;
         while off < t {
             let n = (t - off).min(MAX_ROWS);
@@ -262,7 +302,7 @@ impl CudaModel {
     }
 
     /// Copies the logits of the rows `which` selects back to the host (None: benchmarks).
-    fn download_logits(
+    pub(super) fn download_logits(
         &self,
         st: &mut CudaState,
         sub: Sub,

@@ -9,6 +9,7 @@ use anyhow::Result;
 use cudarc::driver::{CudaGraph, CudaSlice};
 use yomi_models::{AccelState, LayerKind, ModelConfig};
 
+use super::chunk::ChunkBuffers;
 use crate::attention::{AttnDims, AttnScratch};
 use crate::device::CudaDevice;
 use crate::topk::TopkScratch;
@@ -48,7 +49,8 @@ pub(super) enum DevLayerState {
 
 /// Buffers with one row per row of a pass: the residual stream, its norms, the projections'
 /// outputs, the mixers' outputs and the MLP's activations. The sub-passes' set
-/// ([`PassBuffers::act`]) holds [`MAX_ROWS`] rows.
+/// ([`PassBuffers::act`]) holds [`MAX_ROWS`] rows, the chunk passes' set
+/// ([`ChunkBuffers::act`]) [`super::chunk::CHUNK_ROWS`].
 pub(super) struct RowBuffers {
     pub h: CudaSlice<f32>,
     pub x: CudaSlice<f32>,
@@ -193,6 +195,8 @@ pub struct CudaState {
     /// Rows of the pending pass's last sub-pass and whether the pass had more than one.
     pub(super) pend_rows: usize,
     pub(super) pend_multi: bool,
+    /// The chunk passes' buffers, made at the first chunk pass (see `chunk.rs`).
+    pub(super) chunk: Option<ChunkBuffers>,
     /// Captured passes by (rows, which logits), and the shapes run once (captured next time).
     pub(super) graphs: HashMap<(usize, u8), Graph>,
     pub(super) seen: HashSet<(usize, u8)>,
@@ -310,6 +314,7 @@ impl CudaState {
             buf,
             pend_rows: 0,
             pend_multi: false,
+            chunk: None,
             graphs: HashMap::new(),
             seen: HashSet::new(),
             topk: TopkScratch::new(dev, R, cfg.vocab_size)?,
