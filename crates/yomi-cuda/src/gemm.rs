@@ -91,7 +91,9 @@ fn grow<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     }
 }
 
-fn env_flag(name: &str) -> bool {
+/// A 0/1 switch from the environment: unset, empty or 1 → on, 0 → off, anything else → on
+/// with a warning.
+pub(crate) fn env_flag(name: &str) -> bool {
     match std::env::var(name) {
         Ok(v) if v == "0" => false,
         Ok(v) if v == "1" || v.is_empty() => true,

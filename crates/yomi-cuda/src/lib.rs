@@ -2,7 +2,8 @@
 //!
 //! - `model/`: the [`yomi_models::Accelerator`] that runs a loaded model's passes on the device
 //!   (weights uploaded once, fused projections, a device state per sequence under the DESIGN §4
-//!   pending → commit contract, sub-passes of 32 rows, CUDA graphs per pass shape).
+//!   pending → commit contract, sub-passes of 32 rows, layer-major chunk passes of up to 512 rows
+//!   for prefill chains, CUDA graphs per pass shape).
 //! - The ops, each checked against its yomi-cpu twin by the `#[ignore]`d tests in
 //!   `tests/gpu*.rs` (H200 numbers in bench/RESULTS.md): RMSNorm, RoPE, SwiGLU (`ops.rs`,
 //!   `glue.rs`); GEMV over T ≤ 32 rows for f32/bf16/f16 (`gemv.cu`, SIMT and tensor-core

@@ -541,3 +541,270 @@ fn smollm2_on_gpu() {
     );
     assert_eq!(got, want, "smollm2 greedy ids");
 }
+
+// ---- Layer-major chunk passes against sub-passes ----------------------------------------------
+//
+// A chain of more than 32 rows whose logits are wanted for its last row or none runs as chunk
+// passes (each layer over all rows, the mixer cores per 32-row piece) unless YOMI_CUDA_CHUNK=0;
+// `CudaModel::forward_chain_with` picks either path in one process. Tolerances:
+// - f32 weights: the linear layers of a chunk run the same 32-row GEMV launches as the
+//   sub-passes (f32 has no GEMM), every other op works per row or per piece with the same
+//   inputs, so the two paths should agree bit for bit; asserted within 1e-5, and the RESULT
+//   line says whether they were identical.
+// - bf16 weights: past 32 rows the chunk's linear layers take the tensor-core GEMM, the
+//   sub-passes the tensor-core GEMV; both multiply the same bf16 weights by the same hi/lo bf16
+//   split of the f32 activations and accumulate in f32, in different orders (relative error
+//   ~4e-6 per product against f64 for either). Through the layers, the GDN and attention states
+//   the prefill leaves and 8 decode steps from them, 1e-3 on logits of std ≈ 3 is far above
+//   that drift and far below what a wrong row offset, committed length or state hand-over
+//   gives (O(1)).
+// Greedy ids must be identical, except after a step whose top-2 gap in the sub-pass run is
+// within the tolerance (a tie the summation order may break either way; reported, and the
+// comparison stops there).
+// Run once as is and once with YOMI_CUDA_FUSE=0 (split projections).
+
+use std::sync::Arc;
+use yomi_cuda::CudaDevice;
+use yomi_cuda::model::{CHUNK_ROWS, CudaModel, MAX_ROWS};
+
+/// `dir`'s model on GPU 0 as a bare `CudaModel`, and its vocabulary size; with `bf16` every
+/// matrix is rounded to bf16 first (so linear layers of more than 32 rows take the GEMM).
+fn cuda_model(dir: &Path, bf16: bool) -> (CudaModel, usize) {
+    let mut model = yomi_models::loader::load_hf_dir(dir, &mut |_, _| {}).expect("load the model");
+    if bf16 {
+        for m in model.matrices_mut() {
+            let yomi_cpu::WeightData::F32(v) = &m.data else {
+                panic!("the fixture's matrices are f32");
+            };
+            let bits = v
+                .iter()
+                .map(|&x| half::bf16::from_f32(x).to_bits())
+                .collect();
+            *m = yomi_cpu::Matrix::new(m.rows, m.cols, yomi_cpu::WeightData::Bf16(bits));
+        }
+    }
+    let dev = Arc::new(CudaDevice::open(0).expect("open GPU 0"));
+    let cm = CudaModel::upload(dev, &model, &mut |_, _| {}).expect("upload");
+    (cm, model.cfg.vocab_size)
+}
+
+fn random_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut rng = seed | 1;
+    (0..n)
+        .map(|_| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng % vocab as u64) as u32
+        })
+        .collect()
+}
+
+/// Prefills `prompt` in forward calls of at most `part` rows (as the engine does: the last with
+/// its last row's logits, the others with none), each committed whole, with chunk passes of
+/// `chunk` rows (None: sub-passes); then `steps` greedy one-row passes. Returns the logits of
+/// the prefill's last row and of every step, and the greedy ids.
+fn prefill_greedy(
+    cm: &CudaModel,
+    prompt: &[u32],
+    part: usize,
+    chunk: Option<usize>,
+    steps: usize,
+) -> (Vec<Vec<f32>>, Vec<u32>) {
+    let mut st = cm.new_cuda_state(prompt.len() + steps + 1).expect("state");
+    let mut logits = Vec::new();
+    let mut pos = 0;
+    for p in prompt.chunks(part) {
+        let which = if pos + p.len() == prompt.len() {
+            LogitRows::Last
+        } else {
+            LogitRows::None
+        };
+        cm.forward_chain_with(&mut st, pos, p, which, chunk, &mut logits)
+            .expect("prefill");
+        cm.commit_chain(&mut st, pos, p.len()).expect("commit");
+        pos += p.len();
+    }
+    let mut all = vec![logits.clone()];
+    let mut ids = Vec::new();
+    for _ in 0..steps {
+        let next = argmax(&logits);
+        ids.push(next);
+        cm.forward_chain_with(&mut st, pos, &[next], LogitRows::Last, None, &mut logits)
+            .expect("decode");
+        cm.commit_chain(&mut st, pos, 1).expect("commit");
+        pos += 1;
+        all.push(logits.clone());
+    }
+    (all, ids)
+}
+
+/// The gap between the two largest values.
+fn top2_gap(x: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &v in x {
+        if v > a {
+            b = a;
+            a = v;
+        } else if v > b {
+            b = v;
+        }
+    }
+    a - b
+}
+
+/// Chunk passes against sub-passes on `dir`'s model: prompts of 33 (one full piece and one
+/// row), 100 (four pieces), 150 in chunks of 64 (three chunk passes in one pass), 97 in chunks
+/// of 32 (one piece per chunk pass), 600 in chunks of 512 (across a chunk boundary) and 300 in the
+/// engine's 256-row forward calls (a chunk pass after committed rows).
+fn check_chunk_vs_subpasses(dir: &Path, bf16: bool, tol: f32) {
+    const STEPS: usize = 8;
+    let (cm, v) = cuda_model(dir, bf16);
+    let name = format!(
+        "{}{}",
+        dir.file_name().unwrap().to_string_lossy(),
+        if bf16 { " (bf16)" } else { "" }
+    );
+    let cases: [(usize, usize, usize); 6] = [
+        (33, usize::MAX, CHUNK_ROWS),
+        (100, usize::MAX, CHUNK_ROWS),
+        (150, usize::MAX, 64),
+        (97, usize::MAX, MAX_ROWS),
+        (600, usize::MAX, 512),
+        (300, 256, CHUNK_ROWS),
+    ];
+    for (i, &(rows, part, chunk)) in cases.iter().enumerate() {
+        let prompt = random_ids(rows, v, 0x9e37_79b9_7f4a_7c15 ^ i as u64);
+        let (want, want_ids) = prefill_greedy(&cm, &prompt, part, None, STEPS);
+        let (got, got_ids) = prefill_greedy(&cm, &prompt, part, Some(chunk), STEPS);
+        // Steps whose input token both runs share: the prefill's row, then one per equal id.
+        let mut same = 1;
+        while same <= STEPS && got_ids[same - 1] == want_ids[same - 1] {
+            same += 1;
+        }
+        if same <= STEPS {
+            let gap = top2_gap(&want[same - 1]);
+            assert!(
+                gap <= tol,
+                "{name} {rows} rows (chunks of {chunk}): greedy ids {got_ids:?} vs {want_ids:?}, \
+                 top-2 gap {gap:.2e} at the first difference"
+            );
+            println!(
+                "{name} {rows} rows: a near tie ({gap:.2e}) after {} steps",
+                same - 1
+            );
+        }
+        let worst = (0..same)
+            .map(|s| max_abs_diff(&got[s], &want[s]))
+            .fold(0.0, f32::max);
+        println!(
+            "RESULT {name} prefill of {rows} rows (forward calls of {}, chunks of {chunk}) + {} \
+             greedy steps: chunk vs sub-passes max|Δ| {worst:.2e}{}",
+            part.min(rows),
+            same - 1,
+            if worst == 0.0 { " (identical)" } else { "" }
+        );
+        assert!(
+            worst <= tol,
+            "{name} {rows} rows (chunks of {chunk}): {worst}"
+        );
+    }
+    // Bad input is an error, not a panic.
+    let mut st = cm.new_cuda_state(64).expect("state");
+    let mut l = Vec::new();
+    let long = random_ids(40, v, 3);
+    for (k, toks) in [
+        (Some(48), &long[..]),
+        (Some(0), &long[..]),
+        (None, &long[..0]),
+    ] {
+        assert!(
+            cm.forward_chain_with(&mut st, 0, toks, LogitRows::Last, k, &mut l)
+                .is_err()
+        );
+    }
+    let bad = vec![v as u32; 40];
+    assert!(
+        cm.forward_chain_with(&mut st, 0, &bad, LogitRows::Last, Some(CHUNK_ROWS), &mut l)
+            .is_err()
+    );
+    assert!(
+        cm.forward_chain_with(
+            &mut st,
+            30,
+            &long,
+            LogitRows::Last,
+            Some(CHUNK_ROWS),
+            &mut l
+        )
+        .is_err(),
+        "past the state's capacity"
+    );
+    assert!(
+        cm.forward_chain_with(&mut st, 0, &long, LogitRows::All, Some(CHUNK_ROWS), &mut l)
+            .is_err()
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn chunk_prefill_equals_subpasses_on_gpu() {
+    for dir in [
+        fixture("qwen35-tiny"),
+        fixture("qwen35-realdims"),
+        test_data("llama-tiny"),
+    ] {
+        check_chunk_vs_subpasses(&dir, false, 1e-5);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn chunk_prefill_bf16_gemm_matches_subpasses_on_gpu() {
+    for dir in [
+        fixture("qwen35-tiny"),
+        fixture("qwen35-realdims"),
+        test_data("llama-tiny"),
+    ] {
+        check_chunk_vs_subpasses(&dir, true, 1e-3);
+    }
+}
+
+/// The path real prefill takes: `Model::forward` of a chain with its last row's logits (chunk
+/// passes unless YOMI_CUDA_CHUNK=0), committed, then 8 greedy steps, on the GPU against the CPU
+/// (max|Δ| ≤ 1e-4, the file's GPU-vs-CPU tolerance); 33 rows (the shortest chunk pass), 100 and
+/// 600 (one chunk pass of 19 pieces; chunk boundaries are covered by `check_chunk_vs_subpasses`).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn chunk_prefill_through_model_matches_cpu_on_gpu() {
+    for dir in [fixture("qwen35-tiny"), test_data("llama-tiny")] {
+        let (cpu, gpu) = pair(&dir, 2048);
+        let (cm, gm) = (&cpu.model, &gpu.model);
+        let v = cm.cfg.vocab_size;
+        let name = dir.file_name().unwrap().to_string_lossy().to_string();
+        for rows in [33, 100, 600] {
+            let prompt = random_ids(rows, v, rows as u64);
+            let (mut gs, mut cs) = (gpu.new_state(), cpu.new_state());
+            let (mut gl, mut cl) = (Vec::new(), Vec::new());
+            let chain = TreeBatch::chain(rows);
+            gm.forward(&mut gs, &prompt, &chain, LogitRows::Last, &mut gl)
+                .expect("gpu prefill");
+            cm.forward(&mut cs, &prompt, &chain, LogitRows::Last, &mut cl)
+                .expect("cpu prefill");
+            let d = max_abs_diff(&gl, &cl);
+            let all: Vec<usize> = (0..rows).collect();
+            gm.commit(&mut gs, &all).expect("gpu commit");
+            cm.commit(&mut cs, &all).expect("cpu commit");
+            let (gi, gd) = greedy(gm, &mut gs, &gl, 8);
+            let (ci, cd) = greedy(cm, &mut cs, &cl, 8);
+            let dd = max_abs_diff(&gd, &cd);
+            println!(
+                "RESULT {name} prefill of {rows} rows through Model::forward: max|gpu-cpu| \
+                 {d:.2e}, then 8 greedy steps: identical ids {}, max|gpu-cpu| {dd:.2e}",
+                gi == ci
+            );
+            assert!(d <= 1e-4 && dd <= 1e-4, "{name} {rows} rows: {d} / {dd}");
+            assert_eq!(gi, ci, "{name} {rows} rows: greedy ids");
+        }
+    }
+}

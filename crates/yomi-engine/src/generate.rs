@@ -24,9 +24,9 @@ pub const PREFILL_CHUNK: usize = 256;
 /// Rows per prefill pass for `model`: PREFILL_CHUNK, or the multiple of it closest above what
 /// its accelerator asks for.
 pub fn prefill_rows(model: &Model) -> usize {
-    model
-        .prefill_rows()
-        .map_or(PREFILL_CHUNK, |r| r.div_ceil(PREFILL_CHUNK).max(1) * PREFILL_CHUNK)
+    model.prefill_rows().map_or(PREFILL_CHUNK, |r| {
+        r.div_ceil(PREFILL_CHUNK).max(1) * PREFILL_CHUNK
+    })
 }
 
 /// Draft tokens per pass unless told otherwise.

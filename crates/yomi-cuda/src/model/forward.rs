@@ -6,17 +6,19 @@
 //! A pass runs as sub-passes of at most [`MAX_ROWS`] rows. A tree must fit in one; a longer
 //! chain (a prefill chunk) runs its sub-passes in order, each starting from the previous one's
 //! K/V rows, final GDN state and last conv window, which is the chain's own recurrence cut in
-//! pieces. Such a chain can only be committed whole (prefill does).
+//! pieces. Such a chain can only be committed whole (prefill does). When its logits are wanted
+//! for its last row or none, it runs layer-major instead (`chunk.rs`): each layer over all its
+//! rows, with the same mixer cores per piece of 32 rows ([`CudaModel::run_layers`]).
 
 use anyhow::{Result, bail};
-use cudarc::driver::CudaSlice;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaSlice, CudaView};
 use yomi_core::{TopRows, TreeBatch};
 use yomi_models::LogitRows;
 
 use super::CudaModel;
-use super::state::{CudaState, DevLayerState, MAX_ROWS};
-use super::weights::{DevAttn, DevGdn, DevMixer, GateUp, Proj};
+use super::state::{CudaState, DevLayerState, MAX_ROWS, PieceScratch, RowBuffers};
+use super::weights::{DevAttn, DevGdn, DevLayer, DevMixer, GateUp, Proj};
 use crate::attention::AttnDims;
 use crate::ops::GdnDeviceRows;
 use crate::topk::{TOPK_ROW_WORDS, unpack_top};
@@ -26,17 +28,72 @@ use yomi_core::GdnShape;
 /// The GDN q/k l2-norm epsilon (inside the root), as on the CPU.
 const L2_EPS: f32 = 1e-6;
 
-/// Where one sub-pass sits in its pass.
+/// Where one sub-pass (or chunk pass) sits in its pass.
 #[derive(Clone, Copy)]
-struct Sub {
+pub(super) struct Sub {
     /// Rows committed before the pass.
-    committed: usize,
+    pub committed: usize,
     /// First row of the sub-pass within the pass.
-    off: usize,
+    pub off: usize,
     /// Rows in the sub-pass.
-    n: usize,
+    pub n: usize,
     /// The pass is a chain.
-    chain: bool,
+    pub chain: bool,
+}
+
+/// One call of a mixer's core: at most [`MAX_ROWS`] consecutive rows of a pass (a sub-pass is
+/// one piece; a chunk pass cuts its rows into pieces).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Piece {
+    /// First row of the piece in the pass's row buffers.
+    pub row: usize,
+    /// Rows of the whole chain before the piece (across sub-passes and chunk passes): a GDN layer
+    /// starts from the committed states when 0, else from the previous piece's final state and
+    /// last conv window.
+    pub off: usize,
+    /// Rows in the piece.
+    pub n: usize,
+    /// Element of the committed-lengths buffer that holds the cache rows before the piece.
+    pub slot: usize,
+}
+
+/// What the layers of a pass read on the device besides the weights and the sequence state.
+pub(super) struct PassInputs<'a> {
+    /// Rows of the pass, and their pieces in order.
+    pub rows: usize,
+    pub pieces: &'a [Piece],
+    /// Token ids and positions, one per row.
+    pub ids: &'a CudaSlice<i32>,
+    pub pos: &'a CudaSlice<i32>,
+    /// Cache rows before each piece (element `Piece::slot`).
+    pub committed: &'a CudaSlice<i32>,
+    /// Parents and ancestor bits of a piece's rows, from its first row (every piece of a chain
+    /// reads a prefix of the same ones).
+    pub parents: &'a CudaSlice<i32>,
+    pub anc: &'a CudaSlice<u64>,
+}
+
+/// Where a projection left its pieces.
+#[derive(Clone, Copy)]
+enum ProjOut {
+    /// In `proj`, side by side, rows this many values apart.
+    Fused(usize),
+    /// Each in its own buffer, rows packed.
+    Split,
+}
+
+/// The rows of piece `p` in `buf`, whose rows are `stride` values apart: `width` values from
+/// column `col` of each (the last row ends there, so a view of a fused projection's piece stays
+/// inside the buffer).
+fn piece_rows(
+    buf: &CudaSlice<f32>,
+    p: Piece,
+    stride: usize,
+    col: usize,
+    width: usize,
+) -> CudaView<'_, f32> {
+    let start = p.row * stride + col;
+    buf.slice(start..start + (p.n - 1) * stride + width)
 }
 
 fn which_code(w: LogitRows) -> u8 {
@@ -62,6 +119,8 @@ impl CudaModel {
 
     /// [`CudaModel::run_forward`]; with `logits` None the LM head still runs for the rows
     /// `which` selects but nothing is copied back (benchmarks time the device's pass alone).
+    /// A chain of more than MAX_ROWS rows with logits of its last row or none runs as chunk
+    /// passes (`chunk.rs`) unless `YOMI_CUDA_CHUNK=0`.
     pub(super) fn run_forward_opt(
         &self,
         st: &mut CudaState,
@@ -69,20 +128,56 @@ impl CudaModel {
         tokens: &[u32],
         tree: &TreeBatch,
         which: LogitRows,
+        logits: Option<&mut Vec<f32>>,
+    ) -> Result<()> {
+        let chunk_rows = super::chunk::chunk_enabled().then_some(super::chunk::CHUNK_ROWS);
+        self.forward_pass(st, committed, tokens, tree, which, logits, chunk_rows)
+    }
+
+    /// [`CudaModel::run_forward_opt`] with chunk passes of at most `chunk_rows` rows for long
+    /// chains, or sub-passes only (None).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn forward_pass(
+        &self,
+        st: &mut CudaState,
+        committed: usize,
+        tokens: &[u32],
+        tree: &TreeBatch,
+        which: LogitRows,
         mut logits: Option<&mut Vec<f32>>,
+        chunk_rows: Option<usize>,
     ) -> Result<()> {
         let t = tokens.len();
         let chain = tree.is_chain();
+        if tree.len() != t {
+            bail!("{t} tokens but the tree has {} rows", tree.len());
+        }
         if !chain && t > MAX_ROWS {
             bail!("a tree pass on CUDA takes at most {MAX_ROWS} rows, not {t}");
         }
+        if committed.checked_add(t).is_none_or(|end| end > st.capacity) {
+            bail!(
+                "{committed} committed rows + {t} new ones exceed the device state's {} rows",
+                st.capacity
+            );
+        }
         let v = self.cfg.vocab_size;
+        if let Some(&bad) = tokens.iter().find(|&&x| x as usize >= v) {
+            bail!("token id {bad} is outside the vocabulary of {v} tokens");
+        }
         let rows_out = which.count(t);
         if let Some(l) = logits.as_deref_mut() {
             l.resize(rows_out * v, 0.0);
         }
         // The logits buffer is about to change: nothing in it is the host's to fetch.
         st.logit_rows = 0;
+        if let Some(k) = chunk_rows
+            && chain
+            && t > MAX_ROWS
+            && which != LogitRows::All
+        {
+            return self.run_chunked(st, committed, tokens, which, logits, k);
+        }
         let mut off = 0;
         while off < t {
             let n = (t - off).min(MAX_ROWS);
@@ -207,7 +302,7 @@ impl CudaModel {
     }
 
     /// Copies the logits of the rows `which` selects back to the host (None: benchmarks).
-    fn download_logits(
+    pub(super) fn download_logits(
         &self,
         st: &mut CudaState,
         sub: Sub,
@@ -282,7 +377,8 @@ impl CudaModel {
         Ok(())
     }
 
-    /// Everything of a sub-pass that runs on the device (no host transfer: capturable).
+    /// Everything of a sub-pass that runs on the device (no host transfer: capturable): its
+    /// rows as one piece, then the LM head on the rows `which` selects.
     fn device_pass(
         &self,
         st: &mut CudaState,
@@ -290,257 +386,390 @@ impl CudaModel {
         total: usize,
         which: LogitRows,
     ) -> Result<()> {
-        let cfg = &self.cfg;
-        let dev = &*self.dev;
-        let w = &self.w;
         let n = sub.n;
-        let h_sz = cfg.hidden_size;
-        let eps = cfg.rms_norm_eps;
-        dev.embed(
-            &w.embed,
-            &st.buf.ids.slice(0..n),
-            &mut st.buf.h.slice_mut(0..n * h_sz),
-        )?;
-        if let Some(first) = w.layers.first() {
-            let b = &mut st.buf;
-            dev.rms_norm(
-                &b.h.slice(0..n * h_sz),
-                &first.input_norm,
-                eps,
-                &mut b.x.slice_mut(0..n * h_sz),
-            )?;
-        }
-        for (li, layer) in w.layers.iter().enumerate() {
-            match (&layer.mixer, &mut st.layers[li]) {
-                (DevMixer::Attention(aw), DevLayerState::Attention { k, v }) => {
-                    self.attention(aw, k, v, st.capacity, &mut st.buf, sub)?
-                }
-                (DevMixer::Gdn(gw), ls @ DevLayerState::Gdn { .. }) => {
-                    self.gdn(gw, ls, &mut st.buf, sub)?
-                }
-                _ => bail!("layer {li}: device state kind does not match the weights"),
-            }
-            let b = &mut st.buf;
-            // h += mixer output; x = post-norm(h), in one kernel.
-            dev.add_rms_norm(
-                &mut b.h.slice_mut(0..n * h_sz),
-                &b.y.slice(0..n * h_sz),
-                &layer.post_norm,
-                eps,
-                &mut b.x.slice_mut(0..n * h_sz),
-            )?;
-            let i_sz = cfg.intermediate_size;
-            let x = b.x.slice(0..n * h_sz);
-            match &layer.gate_up {
-                GateUp::Swiglu(gu) => {
-                    if gu.inter != i_sz {
-                        bail!("gate|up of {} columns, not {i_sz}", gu.inter);
-                    }
-                    // GEMV with the SwiGLU epilogue: mlp_g directly, no [n, 2I] round trip.
-                    dev.linear_swiglu(&x, n, gu, None, &mut b.mlp_g.slice_mut(0..n * i_sz))?;
-                }
-                GateUp::Proj(Proj::Fused { w: gu, .. }) => {
-                    dev.linear(&x, n, gu, None, &mut b.proj.slice_mut(0..n * 2 * i_sz))?;
-                    dev.swiglu_pair(
-                        &b.proj.slice(0..n * 2 * i_sz),
-                        n,
-                        i_sz,
-                        &mut b.mlp_g.slice_mut(0..n * i_sz),
-                    )?;
-                }
-                GateUp::Proj(Proj::Split(parts)) => {
-                    dev.linear(
-                        &x,
-                        n,
-                        &parts[0].0,
-                        None,
-                        &mut b.mlp_g.slice_mut(0..n * i_sz),
-                    )?;
-                    dev.linear(
-                        &x,
-                        n,
-                        &parts[1].0,
-                        None,
-                        &mut b.mlp_u.slice_mut(0..n * i_sz),
-                    )?;
-                    dev.swiglu(
-                        &mut b.mlp_g.slice_mut(0..n * i_sz),
-                        &b.mlp_u.slice(0..n * i_sz),
-                    )?;
-                }
-            }
-            dev.linear(
-                &b.mlp_g.slice(0..n * i_sz),
-                n,
-                &layer.down,
-                None,
-                &mut b.y.slice_mut(0..n * h_sz),
-            )?;
-            // h += MLP output; x = the next layer's input norm of h (the last layer's sum is
-            // normed by the final norm below, on the rows that need logits).
-            match w.layers.get(li + 1) {
-                Some(next) => dev.add_rms_norm(
-                    &mut b.h.slice_mut(0..n * h_sz),
-                    &b.y.slice(0..n * h_sz),
-                    &next.input_norm,
-                    eps,
-                    &mut b.x.slice_mut(0..n * h_sz),
-                )?,
-                None => {
-                    dev.add_inplace(&mut b.h.slice_mut(0..n * h_sz), &b.y.slice(0..n * h_sz))?
-                }
-            }
-        }
+        let pieces = [Piece {
+            row: 0,
+            off: sub.off,
+            n,
+            slot: 0,
+        }];
+        let CudaState {
+            layers,
+            buf,
+            capacity,
+            ..
+        } = st;
+        let inp = PassInputs {
+            rows: n,
+            pieces: &pieces,
+            ids: &buf.ids,
+            pos: &buf.pos,
+            committed: &buf.committed,
+            parents: &buf.parents,
+            anc: &buf.anc,
+        };
+        self.run_layers(layers, *capacity, &mut buf.act, &mut buf.piece, &inp)?;
         // Final norm and LM head on the rows whose logits are wanted.
         let (r0, k) = match which {
             LogitRows::All => (0, n),
             LogitRows::Last if sub.off + n == total => (n - 1, 1),
             _ => return Ok(()),
         };
-        let v = cfg.vocab_size;
-        let b = &mut st.buf;
-        dev.rms_norm(
-            &b.h.slice(r0 * h_sz..(r0 + k) * h_sz),
-            &w.final_norm,
-            eps,
-            &mut b.rows.slice_mut(0..k * h_sz),
-        )?;
-        let head = w.lm_head.as_ref().unwrap_or(&w.embed);
-        dev.linear(
-            &b.rows.slice(0..k * h_sz),
+        let h_sz = self.cfg.hidden_size;
+        self.head(
+            &buf.act.h.slice(r0 * h_sz..(r0 + k) * h_sz),
             k,
-            head,
+            &mut buf.rows,
+            &mut buf.logits,
+        )
+    }
+
+    /// The embedding and every layer over the `inp.rows` rows of a pass, into `act.h` (the
+    /// residual stream after the last layer, before the final norm). Projections, MLP and
+    /// norms run over all rows at once; the mixers' cores piece by piece, in order (each piece
+    /// sees the K/V rows and the GDN state of the ones before it). No host transfer.
+    pub(super) fn run_layers(
+        &self,
+        layers: &mut [DevLayerState],
+        capacity: usize,
+        act: &mut RowBuffers,
+        scr: &mut PieceScratch,
+        inp: &PassInputs<'_>,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let dev = &*self.dev;
+        let w = &self.w;
+        let n = inp.rows;
+        let h_sz = cfg.hidden_size;
+        let eps = cfg.rms_norm_eps;
+        if layers.len() != w.layers.len() {
+            bail!(
+                "a device state of {} layers for a model of {}",
+                layers.len(),
+                w.layers.len()
+            );
+        }
+        dev.embed(
+            &w.embed,
+            &inp.ids.slice(0..n),
+            &mut act.h.slice_mut(0..n * h_sz),
+        )?;
+        if let Some(first) = w.layers.first() {
+            dev.rms_norm(
+                &act.h.slice(0..n * h_sz),
+                &first.input_norm,
+                eps,
+                &mut act.x.slice_mut(0..n * h_sz),
+            )?;
+        }
+        for (li, (layer, ls)) in w.layers.iter().zip(layers.iter_mut()).enumerate() {
+            match (&layer.mixer, ls) {
+                (DevMixer::Attention(aw), DevLayerState::Attention { k, v }) => {
+                    let out = self.attn_project(aw, act, n)?;
+                    for &p in inp.pieces {
+                        self.attn_core(aw, out, k, v, capacity, act, scr, inp, p)?;
+                    }
+                    let qw = cfg.num_heads * cfg.head_dim;
+                    dev.linear(
+                        &act.o.slice(0..n * qw),
+                        n,
+                        &aw.o,
+                        aw.o_bias.as_ref(),
+                        &mut act.y.slice_mut(0..n * h_sz),
+                    )?;
+                }
+                (DevMixer::Gdn(gw), ls @ DevLayerState::Gdn { .. }) => {
+                    let out = self.gdn_project(gw, act, n)?;
+                    for &p in inp.pieces {
+                        self.gdn_core(gw, out, ls, act, scr, inp, p)?;
+                    }
+                    let vd = cfg.gdn.map_or(0, |g| g.value_dim());
+                    dev.linear(
+                        &act.gdn_o.slice(0..n * vd),
+                        n,
+                        &gw.out,
+                        None,
+                        &mut act.y.slice_mut(0..n * h_sz),
+                    )?;
+                }
+                _ => bail!("layer {li}: device state kind does not match the weights"),
+            }
+            // h += mixer output; x = post-norm(h), in one kernel.
+            dev.add_rms_norm(
+                &mut act.h.slice_mut(0..n * h_sz),
+                &act.y.slice(0..n * h_sz),
+                &layer.post_norm,
+                eps,
+                &mut act.x.slice_mut(0..n * h_sz),
+            )?;
+            self.mlp(layer, act, n)?;
+            // h += MLP output; x = the next layer's input norm of h (the last layer's sum is
+            // normed by the final norm in `head`, on the rows that need logits).
+            match w.layers.get(li + 1) {
+                Some(next) => dev.add_rms_norm(
+                    &mut act.h.slice_mut(0..n * h_sz),
+                    &act.y.slice(0..n * h_sz),
+                    &next.input_norm,
+                    eps,
+                    &mut act.x.slice_mut(0..n * h_sz),
+                )?,
+                None => {
+                    dev.add_inplace(&mut act.h.slice_mut(0..n * h_sz), &act.y.slice(0..n * h_sz))?
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The MLP of `layer` over n rows: act.x → act.y.
+    fn mlp(&self, layer: &DevLayer, act: &mut RowBuffers, n: usize) -> Result<()> {
+        let dev = &*self.dev;
+        let h_sz = self.cfg.hidden_size;
+        let i_sz = self.cfg.intermediate_size;
+        let x = act.x.slice(0..n * h_sz);
+        match &layer.gate_up {
+            GateUp::Swiglu(gu) => {
+                if gu.inter != i_sz {
+                    bail!("gate|up of {} columns, not {i_sz}", gu.inter);
+                }
+                // GEMV with the SwiGLU epilogue: mlp_g directly, no [n, 2I] round trip.
+                dev.linear_swiglu(&x, n, gu, None, &mut act.mlp_g.slice_mut(0..n * i_sz))?;
+            }
+            GateUp::Proj(Proj::Fused { w: gu, .. }) => {
+                dev.linear(&x, n, gu, None, &mut act.proj.slice_mut(0..n * 2 * i_sz))?;
+                dev.swiglu_pair(
+                    &act.proj.slice(0..n * 2 * i_sz),
+                    n,
+                    i_sz,
+                    &mut act.mlp_g.slice_mut(0..n * i_sz),
+                )?;
+            }
+            GateUp::Proj(Proj::Split(parts)) => {
+                let [(gm, _), (um, _)] = &parts[..] else {
+                    bail!("MLP: {} gate/up projections, not 2", parts.len());
+                };
+                dev.linear(&x, n, gm, None, &mut act.mlp_g.slice_mut(0..n * i_sz))?;
+                dev.linear(&x, n, um, None, &mut act.mlp_u.slice_mut(0..n * i_sz))?;
+                dev.swiglu(
+                    &mut act.mlp_g.slice_mut(0..n * i_sz),
+                    &act.mlp_u.slice(0..n * i_sz),
+                )?;
+            }
+        }
+        dev.linear(
+            &act.mlp_g.slice(0..n * i_sz),
+            n,
+            &layer.down,
             None,
-            &mut b.logits.slice_mut(0..k * v),
+            &mut act.y.slice_mut(0..n * h_sz),
         )?;
         Ok(())
     }
 
-    fn attention(
+    /// Final norm of the k rows `h` into `rows`, then the LM head into `logits` rows 0..k.
+    pub(super) fn head(
+        &self,
+        h: &CudaView<'_, f32>,
+        k: usize,
+        rows: &mut CudaSlice<f32>,
+        logits: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let (h_sz, v) = (self.cfg.hidden_size, self.cfg.vocab_size);
+        let w = &self.w;
+        self.dev.rms_norm(
+            h,
+            &w.final_norm,
+            self.cfg.rms_norm_eps,
+            &mut rows.slice_mut(0..k * h_sz),
+        )?;
+        let head = w.lm_head.as_ref().unwrap_or(&w.embed);
+        self.dev.linear(
+            &rows.slice(0..k * h_sz),
+            k,
+            head,
+            None,
+            &mut logits.slice_mut(0..k * v),
+        )?;
+        Ok(())
+    }
+
+    /// The attention projections over n rows: a fused one into act.proj (read in place by
+    /// `attn_prep`, row stride = its width), split ones into act.qf, kb, vb.
+    fn attn_project(&self, w: &DevAttn, act: &mut RowBuffers, n: usize) -> Result<ProjOut> {
+        let cfg = &self.cfg;
+        let dev = &*self.dev;
+        let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let qw = nh * hd * if cfg.attn_output_gate { 2 } else { 1 };
+        let kvw = nkv * hd;
+        let x = act.x.slice(0..n * cfg.hidden_size);
+        match &w.qkv {
+            Proj::Fused { w: m, bias, widths } => {
+                if widths[..] != [qw, kvw, kvw] {
+                    bail!("attention projection pieces {widths:?}, not [{qw}, {kvw}, {kvw}]");
+                }
+                let total = m.rows;
+                dev.linear(
+                    &x,
+                    n,
+                    m,
+                    bias.as_ref(),
+                    &mut act.proj.slice_mut(0..n * total),
+                )?;
+                Ok(ProjOut::Fused(total))
+            }
+            Proj::Split(parts) => {
+                let [(qm, qb), (km, kb_), (vm, vb_)] = &parts[..] else {
+                    bail!("attention: {} projections, not q, k, v", parts.len());
+                };
+                dev.linear(&x, n, qm, qb.as_ref(), &mut act.qf.slice_mut(0..n * qw))?;
+                dev.linear(&x, n, km, kb_.as_ref(), &mut act.kb.slice_mut(0..n * kvw))?;
+                dev.linear(&x, n, vm, vb_.as_ref(), &mut act.vb.slice_mut(0..n * kvw))?;
+                Ok(ProjOut::Split)
+            }
+        }
+    }
+
+    /// Attention over one piece, after the projections: q/k norms, RoPE and the K/V store at
+    /// the piece's committed length (a device scalar, so a graph replays correctly), then tree
+    /// attention over the cache with the output gate, into act.o rows p.row..p.row + p.n.
+    #[allow(clippy::too_many_arguments)]
+    fn attn_core(
         &self,
         w: &DevAttn,
+        out: ProjOut,
         kc: &mut CudaSlice<f32>,
         vc: &mut CudaSlice<f32>,
         capacity: usize,
-        b: &mut super::state::PassBuffers,
-        sub: Sub,
+        act: &mut RowBuffers,
+        scr: &mut PieceScratch,
+        inp: &PassInputs<'_>,
+        p: Piece,
     ) -> Result<()> {
         let cfg = &self.cfg;
         let dev = &*self.dev;
-        let n = sub.n;
+        let n = p.n;
         let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-        let h_sz = cfg.hidden_size;
         let qn = n * nh * hd;
-        let qf_len = if cfg.attn_output_gate { 2 * qn } else { qn };
-        // The pending rows' K/V go straight to the cache rows after the committed ones; the
-        // kernel reads the committed length on the device (so a graph replays correctly).
+        let gated = cfg.attn_output_gate;
+        let qw = nh * hd * if gated { 2 } else { 1 };
         let kvw = nkv * hd;
         let dims = AttnDims {
             n_heads: nh,
             n_kv: nkv,
             head_dim: hd,
         };
-        let gated = cfg.attn_output_gate;
-        let x = b.x.slice(0..n * h_sz);
-        // The projections: a fused one is read in place by attn_prep (row stride = its width);
-        // split ones write qf, kb, vb.
-        let (proj_total, split) = match &w.qkv {
-            Proj::Fused { w: m, bias, widths } => {
-                if widths[..] != [qf_len / n, kvw, kvw] {
-                    bail!(
-                        "attention projection pieces {widths:?}, not [{}, {kvw}, {kvw}]",
-                        qf_len / n
-                    );
-                }
-                let total = m.rows;
-                dev.linear(&x, n, m, bias.as_ref(), &mut b.proj.slice_mut(0..n * total))?;
-                (total, false)
-            }
-            Proj::Split(parts) => {
-                let [(qm, qb), (km, kb_), (vm, vb_)] = &parts[..] else {
-                    bail!("attention: {} projections, not q, k, v", parts.len());
-                };
-                dev.linear(&x, n, qm, qb.as_ref(), &mut b.qf.slice_mut(0..qf_len))?;
-                dev.linear(&x, n, km, kb_.as_ref(), &mut b.kb.slice_mut(0..n * kvw))?;
-                dev.linear(&x, n, vm, vb_.as_ref(), &mut b.vb.slice_mut(0..n * kvw))?;
-                (0, true)
-            }
+        let ((qv, qs), (kv, ks), (vv, vs)) = match out {
+            ProjOut::Fused(st) => (
+                (piece_rows(&act.proj, p, st, 0, qw), st),
+                (piece_rows(&act.proj, p, st, qw, kvw), st),
+                (piece_rows(&act.proj, p, st, qw + kvw, kvw), st),
+            ),
+            ProjOut::Split => (
+                (piece_rows(&act.qf, p, qw, 0, qw), qw),
+                (piece_rows(&act.kb, p, kvw, 0, kvw), kvw),
+                (piece_rows(&act.vb, p, kvw, 0, kvw), kvw),
+            ),
         };
-        let qw = qf_len / n;
-        // Rows of a source: n rows at `stride`, the last one only `width` long.
-        let span = |off: usize, stride: usize, width: usize| off..off + (n - 1) * stride + width;
-        let (qv, kv, vv);
-        let srcs = if split {
-            qv = b.qf.slice(span(0, qw, qw));
-            kv = b.kb.slice(span(0, kvw, kvw));
-            vv = b.vb.slice(span(0, kvw, kvw));
-            (qw, kvw, kvw)
-        } else {
-            qv = b.proj.slice(span(0, proj_total, qw));
-            kv = b.proj.slice(span(qw, proj_total, kvw));
-            vv = b.proj.slice(span(qw + kvw, proj_total, kvw));
-            (proj_total, proj_total, proj_total)
-        };
-        let pos = b.pos.slice(0..n);
+        let pos = inp.pos.slice(p.row..p.row + n);
+        let committed = inp.committed.slice(p.slot..p.slot + 1);
         let sources = AttnPrepSources {
-            q: (&qv, srcs.0),
-            k: (&kv, srcs.1),
-            v: (&vv, srcs.2),
+            q: (&qv, qs),
+            k: (&kv, ks),
+            v: (&vv, vs),
             q_norm: w.q_norm.as_ref(),
             k_norm: w.k_norm.as_ref(),
             pos: &pos,
             inv_freq: &self.w.inv_freq,
-            committed: &b.committed,
+            committed: &committed,
         };
         // q (normed, rotated) always goes to its own buffer `q`; the gate rows to `gate`.
-        let mut gate_out = b.gate.slice_mut(0..if gated { qn } else { 0 });
+        let mut gate_out = scr.gate.slice_mut(0..if gated { qn } else { 0 });
         dev.attn_prep(
             n,
             dims,
             cfg.rotary_dim,
             cfg.rms_norm_eps,
             &sources,
-            &mut b.q.slice_mut(0..qn),
+            &mut scr.q.slice_mut(0..qn),
             gated.then_some(&mut gate_out as &mut dyn cudarc::driver::DevicePtrMut<f32>),
             kc,
             vc,
         )?;
-        let scratch = b
+        let scratch = scr
             .attn
             .as_mut()
             .ok_or_else(|| anyhow::anyhow!("attention scratch missing"))?;
-        let gate_view = b.gate.slice(0..qn);
+        let gate_view = scr.gate.slice(0..qn);
+        let o0 = p.row * nh * hd;
         dev.attention_tree_gated(
-            &b.q.slice(0..qn),
+            &scr.q.slice(0..qn),
             kc,
             vc,
-            &b.committed,
+            &committed,
             n,
-            &b.anc.slice(0..n),
+            &inp.anc.slice(0..n),
             1,
             dims,
             1.0 / (hd as f32).sqrt(),
             capacity,
             scratch,
             gated.then_some(&gate_view as &dyn cudarc::driver::DevicePtr<f32>),
-            &mut b.o.slice_mut(0..qn),
-        )?;
-        dev.linear(
-            &b.o.slice(0..qn),
-            n,
-            &w.o,
-            w.o_bias.as_ref(),
-            &mut b.y.slice_mut(0..n * h_sz),
+            &mut act.o.slice_mut(o0..o0 + qn),
         )?;
         Ok(())
     }
 
-    fn gdn(
+    /// The GDN in-projection over n rows: a fused one into act.proj (read in place by the next
+    /// kernels, rows `stride` values apart), split ones into act.gdn_m, gdn_z, braw, araw.
+    fn gdn_project(&self, w: &DevGdn, act: &mut RowBuffers, n: usize) -> Result<ProjOut> {
+        let cfg = &self.cfg;
+        let dev = &*self.dev;
+        let g = cfg
+            .gdn
+            .ok_or_else(|| anyhow::anyhow!("a GDN layer without a GDN config"))?;
+        let (c, vd, hv) = (g.conv_dim(), g.value_dim(), g.num_value_heads);
+        let x = act.x.slice(0..n * cfg.hidden_size);
+        match &w.in_proj {
+            Proj::Fused { w: m, bias, widths } => {
+                if widths[..] != [c, vd, hv, hv] {
+                    bail!("GDN in-projection pieces {widths:?}, not [{c}, {vd}, {hv}, {hv}]");
+                }
+                dev.linear(
+                    &x,
+                    n,
+                    m,
+                    bias.as_ref(),
+                    &mut act.proj.slice_mut(0..n * m.rows),
+                )?;
+                Ok(ProjOut::Fused(m.rows))
+            }
+            Proj::Split(parts) => {
+                let [(mm, mb), (zm, zb), (bm, bb_), (am, ab)] = &parts[..] else {
+                    bail!("GDN: {} in-projections, not qkv, z, b, a", parts.len());
+                };
+                dev.linear(&x, n, mm, mb.as_ref(), &mut act.gdn_m.slice_mut(0..n * c))?;
+                dev.linear(&x, n, zm, zb.as_ref(), &mut act.gdn_z.slice_mut(0..n * vd))?;
+                dev.linear(&x, n, bm, bb_.as_ref(), &mut act.braw.slice_mut(0..n * hv))?;
+                dev.linear(&x, n, am, ab.as_ref(), &mut act.araw.slice_mut(0..n * hv))?;
+                Ok(ProjOut::Split)
+            }
+        }
+    }
+
+    /// Gated DeltaNet over one piece, after the in-projection: conv, q/k norms, g/β, the
+    /// recurrence and the gated norm, into act.gdn_o rows p.row..p.row + p.n. The pass's first
+    /// piece starts from the committed conv and recurrent states; a later one from the previous
+    /// piece's last conv window and final state (`fin`).
+    #[allow(clippy::too_many_arguments)]
+    fn gdn_core(
         &self,
         w: &DevGdn,
+        out: ProjOut,
         ls: &mut DevLayerState,
-        b: &mut super::state::PassBuffers,
-        sub: Sub,
+        act: &mut RowBuffers,
+        scr: &mut PieceScratch,
+        inp: &PassInputs<'_>,
+        p: Piece,
     ) -> Result<()> {
         let DevLayerState::Gdn {
             s,
@@ -562,8 +791,7 @@ impl CudaModel {
         let g = cfg
             .gdn
             .ok_or_else(|| anyhow::anyhow!("a GDN layer without a GDN config"))?;
-        let n = sub.n;
-        let h_sz = cfg.hidden_size;
+        let n = p.n;
         let (hk, hv, dk, dv, kc) = (
             g.num_key_heads,
             g.num_value_heads,
@@ -573,63 +801,33 @@ impl CudaModel {
         );
         let (c, kd, vd) = (g.conv_dim(), g.key_dim(), g.value_dim());
         let wl = (kc - 1) * c;
-        // The in-projection: a fused one is read in place by the next kernels (rows `stride`
-        // values apart); split ones write gdn_m, gdn_z, braw and araw.
-        let x = b.x.slice(0..n * h_sz);
-        let fused = match &w.in_proj {
-            Proj::Fused { w: m, bias, widths } => {
-                if widths[..] != [c, vd, hv, hv] {
-                    bail!("GDN in-projection pieces {widths:?}, not [{c}, {vd}, {hv}, {hv}]");
-                }
-                dev.linear(
-                    &x,
-                    n,
-                    m,
-                    bias.as_ref(),
-                    &mut b.proj.slice_mut(0..n * m.rows),
-                )?;
-                Some(m.rows)
-            }
-            Proj::Split(parts) => {
-                let [(mm, mb), (zm, zb), (bm, bb_), (am, ab)] = &parts[..] else {
-                    bail!("GDN: {} in-projections, not qkv, z, b, a", parts.len());
-                };
-                dev.linear(&x, n, mm, mb.as_ref(), &mut b.gdn_m.slice_mut(0..n * c))?;
-                dev.linear(&x, n, zm, zb.as_ref(), &mut b.gdn_z.slice_mut(0..n * vd))?;
-                dev.linear(&x, n, bm, bb_.as_ref(), &mut b.braw.slice_mut(0..n * hv))?;
-                dev.linear(&x, n, am, ab.as_ref(), &mut b.araw.slice_mut(0..n * hv))?;
-                None
-            }
-        };
-        // (view, row stride) of each piece: n rows, the last one only the piece's width long.
-        let (mv, zv, bv, av, ms, zs, abs) = match fused {
-            Some(st) => {
-                let span = |off: usize, width: usize| off..off + (n - 1) * st + width;
-                (
-                    b.proj.slice(span(0, c)),
-                    b.proj.slice(span(c, vd)),
-                    b.proj.slice(span(c + vd, hv)),
-                    b.proj.slice(span(c + vd + hv, hv)),
-                    st,
-                    st,
-                    st,
-                )
-            }
-            None => (
-                b.gdn_m.slice(0..n * c),
-                b.gdn_z.slice(0..n * vd),
-                b.braw.slice(0..n * hv),
-                b.araw.slice(0..n * hv),
+        // (view, row stride) of each piece of the projection at the piece's rows.
+        let (mv, zv, bv, av, ms, zs, abs) = match out {
+            ProjOut::Fused(st) => (
+                piece_rows(&act.proj, p, st, 0, c),
+                piece_rows(&act.proj, p, st, c, vd),
+                piece_rows(&act.proj, p, st, c + vd, hv),
+                piece_rows(&act.proj, p, st, c + vd + hv, hv),
+                st,
+                st,
+                st,
+            ),
+            ProjOut::Split => (
+                piece_rows(&act.gdn_m, p, c, 0, c),
+                piece_rows(&act.gdn_z, p, vd, 0, vd),
+                piece_rows(&act.braw, p, hv, 0, hv),
+                piece_rows(&act.araw, p, hv, 0, hv),
                 c,
                 vd,
                 hv,
             ),
         };
-        // A later sub-pass of a chain starts from the previous sub-pass's last conv window.
-        if sub.off > 0 {
+        // A later piece of a chain starts from the previous piece's last conv window (the
+        // previous piece is a full one of MAX_ROWS rows).
+        if p.off > 0 {
             dev.copy(&pwin.slice((MAX_ROWS - 1) * wl..MAX_ROWS * wl), carry)?;
         }
-        let conv_state: &CudaSlice<f32> = if sub.off > 0 { carry } else { conv };
+        let conv_state: &CudaSlice<f32> = if p.off > 0 { carry } else { conv };
         let (mut gout, mut bout) = (pg.slice_mut(0..n * hv), pb.slice_mut(0..n * hv));
         let gate = GdnGateArgs {
             braw: &bv,
@@ -640,9 +838,9 @@ impl CudaModel {
             g: &mut gout,
             beta: &mut bout,
         };
-        let parents = b.parents.slice(0..n);
+        let parents = inp.parents.slice(0..n);
         let qscale = 1.0 / (dk as f32).sqrt();
-        if fused.is_some() {
+        if matches!(out, ProjOut::Fused(_)) {
             // Conv, q/k norms, v and g/β in one launch, bit-identical to the two below; the
             // conv output never goes to memory.
             dev.gdn_conv_split_qkv_gate(
@@ -661,7 +859,7 @@ impl CudaModel {
                 vd,
                 qscale,
                 L2_EPS,
-                &mut b.gdn_q.slice_mut(0..n * kd),
+                &mut scr.gdn_q.slice_mut(0..n * kd),
                 &mut pk.slice_mut(0..n * kd),
                 &mut pv.slice_mut(0..n * vd),
                 Some(gate),
@@ -678,18 +876,18 @@ impl CudaModel {
                 &w.conv,
                 &parents,
                 n,
-                &mut b.gdn_mc.slice_mut(0..n * c),
+                &mut scr.gdn_mc.slice_mut(0..n * c),
                 &mut pwin.slice_mut(0..n * wl),
             )?;
             dev.gdn_split_qkv_gate(
-                &b.gdn_mc.slice(0..n * c),
+                &scr.gdn_mc.slice(0..n * c),
                 n,
                 hk,
                 dk,
                 vd,
                 qscale,
                 L2_EPS,
-                &mut b.gdn_q.slice_mut(0..n * kd),
+                &mut scr.gdn_q.slice_mut(0..n * kd),
                 &mut pk.slice_mut(0..n * kd),
                 &mut pv.slice_mut(0..n * vd),
                 Some(gate),
@@ -697,7 +895,7 @@ impl CudaModel {
         }
         let shape = GdnShape { hk, hv, dk, dv };
         let (q, k, v, gg, bb) = (
-            b.gdn_q.slice(0..n * kd),
+            scr.gdn_q.slice(0..n * kd),
             pk.slice(0..n * kd),
             pv.slice(0..n * vd),
             pg.slice(0..n * hv),
@@ -710,35 +908,22 @@ impl CudaModel {
             g: &gg,
             beta: &bb,
         };
-        let mut o = b.gdn_o.slice_mut(0..n * vd);
+        let o0 = p.row * vd;
+        let mut o = act.gdn_o.slice_mut(o0..o0 + n * vd);
         // Buffers are copied, never swapped: a captured graph keeps their addresses.
-        if sub.off == 0 && n == 1 && dk.is_multiple_of(32) && dk <= 256 {
+        if p.off == 0 && n == 1 && dk.is_multiple_of(32) && dk <= 256 {
             // One row (a decode step): the step kernel streams S₀ → fin at the bandwidth
             // instead of the solve's phases (≈ 3× faster at 9B shapes).
             dev.gdn_step(shape, &rows, s, fin, &mut o)?;
-        } else if sub.off == 0 {
+        } else if p.off == 0 {
             // For a tree, `fin` gets the state after the root → last-row path (unused).
             dev.gdn_tree_verify(shape, n, &rows, &parents, s, &mut o, Some(fin))?;
         } else {
-            // Continue from the previous sub-pass's final state.
+            // Continue from the previous piece's final state.
             dev.gdn_tree_verify(shape, n, &rows, &parents, fin, &mut o, Some(spare))?;
             dev.copy(spare, fin)?;
         }
-        dev.rms_norm_gated_strided(
-            &mut b.gdn_o.slice_mut(0..n * vd),
-            &zv,
-            hv,
-            zs,
-            &w.norm,
-            cfg.rms_norm_eps,
-        )?;
-        dev.linear(
-            &b.gdn_o.slice(0..n * vd),
-            n,
-            &w.out,
-            None,
-            &mut b.y.slice_mut(0..n * h_sz),
-        )?;
+        dev.rms_norm_gated_strided(&mut o, &zv, hv, zs, &w.norm, cfg.rms_norm_eps)?;
         Ok(())
     }
 
@@ -853,7 +1038,7 @@ impl CudaModel {
                             &rows,
                             &b.chain_parents.slice(0..n),
                             s,
-                            &mut b.gdn_o.slice_mut(0..n * vd),
+                            &mut b.act.gdn_o.slice_mut(0..n * vd),
                             Some(spare),
                         )?;
                         dev.copy(spare, s)?;

@@ -3,6 +3,7 @@
 //! the weights and hangs the accelerator on the model, after which `Model::forward`/`commit`
 //! (and so the engine, CLI and server) run here.
 
+mod chunk;
 mod forward;
 mod state;
 mod weights;
@@ -14,6 +15,7 @@ use yomi_core::{TopRows, TreeBatch};
 use yomi_models::{AccelState, Accelerator, LogitRows, Model, ModelConfig};
 
 use crate::device::CudaDevice;
+pub use chunk::CHUNK_ROWS;
 pub use state::{CudaState, MAX_ROWS};
 use weights::DevWeights;
 
@@ -85,6 +87,51 @@ impl CudaModel {
         self.run_commit(st, committed, &tree, &all)
     }
 
+    /// A chain pass of `tokens` after `committed` rows with the logits of `which` into `logits`,
+    /// left pending ([`CudaModel::commit_chain`] commits it). A chain of more than [`MAX_ROWS`]
+    /// rows runs as chunk passes of at most `chunk_rows` rows (a multiple of MAX_ROWS up to
+    /// [`CHUNK_ROWS`]), or with None as sub-passes of MAX_ROWS rows, whatever `YOMI_CUDA_CHUNK`
+    /// says. For tests and benchmarks that compare the two in one process.
+    pub fn forward_chain_with(
+        &self,
+        st: &mut CudaState,
+        committed: usize,
+        tokens: &[u32],
+        which: LogitRows,
+        chunk_rows: Option<usize>,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
+        if tokens.is_empty() {
+            anyhow::bail!("a chain pass needs at least one token");
+        }
+        if let Some(k) = chunk_rows
+            && (k == 0 || k > CHUNK_ROWS || !k.is_multiple_of(MAX_ROWS))
+        {
+            anyhow::bail!(
+                "chunk passes take a positive multiple of {MAX_ROWS} rows up to {CHUNK_ROWS}, not {k}"
+            );
+        }
+        if chunk_rows.is_some() && which == LogitRows::All && tokens.len() > MAX_ROWS {
+            anyhow::bail!("chunk passes give logits of the last row or none, not of every row");
+        }
+        let tree = TreeBatch::chain(tokens.len());
+        self.forward_pass(
+            st,
+            committed,
+            tokens,
+            &tree,
+            which,
+            Some(logits),
+            chunk_rows,
+        )
+    }
+
+    /// Commits the whole pending chain of `rows` rows (the last pass's) after `committed`.
+    pub fn commit_chain(&self, st: &mut CudaState, committed: usize, rows: usize) -> Result<()> {
+        let all: Vec<usize> = (0..rows).collect();
+        self.run_commit(st, committed, &TreeBatch::chain(rows), &all)
+    }
+
     fn state<'a>(&self, st: &'a mut dyn AccelState) -> Result<&'a mut CudaState> {
         st.as_any_mut()
             .downcast_mut::<CudaState>()
@@ -125,6 +172,11 @@ fn check_supported(cfg: &ModelConfig) -> Result<()> {
 impl Accelerator for CudaModel {
     fn describe(&self) -> String {
         format!("cuda:{} ({})", self.dev.ordinal(), self.dev.name())
+    }
+
+    /// One chunk pass: every weight is read once per CHUNK_ROWS prompt tokens.
+    fn prefill_rows(&self) -> Option<usize> {
+        chunk::chunk_enabled().then_some(chunk::CHUNK_ROWS)
     }
 
     fn max_tree_rows(&self) -> usize {

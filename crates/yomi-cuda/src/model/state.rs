@@ -9,6 +9,7 @@ use anyhow::Result;
 use cudarc::driver::{CudaGraph, CudaSlice};
 use yomi_models::{AccelState, LayerKind, ModelConfig};
 
+use super::chunk::ChunkBuffers;
 use crate::attention::{AttnDims, AttnScratch};
 use crate::device::CudaDevice;
 use crate::topk::TopkScratch;
@@ -46,6 +47,105 @@ pub(super) enum DevLayerState {
     },
 }
 
+/// Buffers with one row per row of a pass: the residual stream, its norms, the projections'
+/// outputs, the mixers' outputs and the MLP's activations. The sub-passes' set
+/// ([`PassBuffers::act`]) holds [`MAX_ROWS`] rows, the chunk passes' set
+/// ([`ChunkBuffers::act`]) [`super::chunk::CHUNK_ROWS`].
+pub(super) struct RowBuffers {
+    pub h: CudaSlice<f32>,
+    pub x: CudaSlice<f32>,
+    pub y: CudaSlice<f32>,
+    /// Output of a fused projection (qkv, GDN in_proj or gate|up), before its split.
+    pub proj: CudaSlice<f32>,
+    /// Split attention projections: q (with the gate rows when gated), k and v.
+    pub qf: CudaSlice<f32>,
+    pub kb: CudaSlice<f32>,
+    pub vb: CudaSlice<f32>,
+    /// Attention output (gated), [rows, H·hd].
+    pub o: CudaSlice<f32>,
+    pub mlp_g: CudaSlice<f32>,
+    pub mlp_u: CudaSlice<f32>,
+    /// Split GDN in-projections: qkv (the conv input), z, b and a.
+    pub gdn_m: CudaSlice<f32>,
+    pub gdn_z: CudaSlice<f32>,
+    pub braw: CudaSlice<f32>,
+    pub araw: CudaSlice<f32>,
+    /// GDN output after its gated norm, [rows, Hv·dv].
+    pub gdn_o: CudaSlice<f32>,
+}
+
+/// Which of the [`RowBuffers`] a set needs beyond the residual stream: the widest fused
+/// projection and the split projections' buffers (`YOMI_CUDA_FUSE=0` or weights stored apart).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RowNeeds {
+    pub proj_width: usize,
+    pub attn_split: bool,
+    pub gdn_split: bool,
+    pub mlp_split: bool,
+}
+
+impl RowNeeds {
+    /// Everything the shapes could need (the sub-passes' set, whatever the weights' storage).
+    pub fn all(cfg: &ModelConfig) -> Self {
+        RowNeeds {
+            proj_width: proj_width(cfg),
+            attn_split: true,
+            gdn_split: true,
+            mlp_split: true,
+        }
+    }
+}
+
+impl RowBuffers {
+    /// Buffers for `rows` rows of a pass; the ones `need` leaves out hold one value.
+    pub fn new(dev: &CudaDevice, cfg: &ModelConfig, rows: usize, need: RowNeeds) -> Result<Self> {
+        let z = |n: usize| -> Result<CudaSlice<f32>> { Ok(dev.alloc_zeros::<f32>(n.max(1))?) };
+        let when = |on: bool, n: usize| z(if on { rows * n } else { 0 });
+        let h = cfg.hidden_size;
+        let nh_hd = cfg.num_heads * cfg.head_dim;
+        let q_rows = if cfg.attn_output_gate {
+            2 * nh_hd
+        } else {
+            nh_hd
+        };
+        let kvw = cfg.num_kv_heads * cfg.head_dim;
+        let has_attn = cfg.layer_kinds.contains(&LayerKind::Attention);
+        let (c, vd, hv) = match cfg.gdn {
+            Some(g) => (g.conv_dim(), g.value_dim(), g.num_value_heads),
+            None => (0, 0, 0),
+        };
+        let (sa, sg) = (need.attn_split && has_attn, need.gdn_split);
+        Ok(RowBuffers {
+            h: z(rows * h)?,
+            x: z(rows * h)?,
+            y: z(rows * h)?,
+            proj: z(rows * need.proj_width)?,
+            qf: when(sa, q_rows)?,
+            kb: when(sa, kvw)?,
+            vb: when(sa, kvw)?,
+            o: when(has_attn, nh_hd)?,
+            mlp_g: z(rows * cfg.intermediate_size)?,
+            mlp_u: when(need.mlp_split, cfg.intermediate_size)?,
+            gdn_m: when(sg, c)?,
+            gdn_z: when(sg, vd)?,
+            braw: when(sg, hv)?,
+            araw: when(sg, hv)?,
+            gdn_o: z(rows * vd)?,
+        })
+    }
+}
+
+/// Scratch of one mixer core call (at most [`MAX_ROWS`] rows, whichever pass it is part of).
+pub(super) struct PieceScratch {
+    /// q normed and rotated, and the output gate rows, [R, H·hd].
+    pub q: CudaSlice<f32>,
+    pub gate: CudaSlice<f32>,
+    pub attn: Option<AttnScratch>,
+    /// The GDN conv output (split path) and q after its norm.
+    pub gdn_mc: CudaSlice<f32>,
+    pub gdn_q: CudaSlice<f32>,
+}
+
 /// Scratch for one sub-pass of up to R rows.
 pub(super) struct PassBuffers {
     pub ids: CudaSlice<i32>,
@@ -58,35 +158,16 @@ pub(super) struct PassBuffers {
     pub anc: CudaSlice<u64>,
     /// Rows committed before the sub-pass (device scalar, read by the attention kernels).
     pub committed: CudaSlice<i32>,
-    pub h: CudaSlice<f32>,
-    /// Output of a fused projection (qkv, GDN in_proj or gate|up), before its split.
-    pub proj: CudaSlice<f32>,
-    /// This sub-pass's K and V rows before they are stored in the cache.
-    pub kb: CudaSlice<f32>,
-    pub vb: CudaSlice<f32>,
-    pub x: CudaSlice<f32>,
-    pub y: CudaSlice<f32>,
-    pub qf: CudaSlice<f32>,
-    pub q: CudaSlice<f32>,
-    pub gate: CudaSlice<f32>,
-    pub o: CudaSlice<f32>,
-    pub mlp_g: CudaSlice<f32>,
-    pub mlp_u: CudaSlice<f32>,
-    pub gdn_m: CudaSlice<f32>,
-    pub gdn_mc: CudaSlice<f32>,
-    pub gdn_z: CudaSlice<f32>,
-    pub braw: CudaSlice<f32>,
-    pub araw: CudaSlice<f32>,
-    pub gdn_q: CudaSlice<f32>,
-    pub gdn_o: CudaSlice<f32>,
+    pub act: RowBuffers,
+    pub piece: PieceScratch,
     /// Compacted accepted rows for the commit replay: k, v, g, β.
     pub ck: CudaSlice<f32>,
     pub cv: CudaSlice<f32>,
     pub cg: CudaSlice<f32>,
     pub cb: CudaSlice<f32>,
+    /// The rows that get logits, after the final norm.
     pub rows: CudaSlice<f32>,
     pub logits: CudaSlice<f32>,
-    pub attn: Option<AttnScratch>,
     /// Host staging of the per-pass inputs.
     pub host_i32: Vec<i32>,
     pub host_u64: Vec<u64>,
@@ -114,6 +195,8 @@ pub struct CudaState {
     /// Rows of the pending pass's last sub-pass and whether the pass had more than one.
     pub(super) pend_rows: usize,
     pub(super) pend_multi: bool,
+    /// The chunk passes' buffers, made at the first chunk pass (see `chunk.rs`).
+    pub(super) chunk: Option<ChunkBuffers>,
     /// Captured passes by (rows, which logits), and the shapes run once (captured next time).
     pub(super) graphs: HashMap<(usize, u8), Graph>,
     pub(super) seen: HashSet<(usize, u8)>,
@@ -180,11 +263,6 @@ impl CudaState {
         }
         let h = cfg.hidden_size;
         let nh_hd = cfg.num_heads * cfg.head_dim;
-        let q_rows = if cfg.attn_output_gate {
-            2 * nh_hd
-        } else {
-            nh_hd
-        };
         let (c, kd, vd, hv) = match cfg.gdn {
             Some(g) => (g.conv_dim(), g.key_dim(), g.value_dim(), g.num_value_heads),
             None => (0, 0, 0, 0),
@@ -213,32 +291,20 @@ impl CudaState {
             accepted: zi(R)?,
             anc: dev.alloc_zeros::<u64>(R)?,
             committed: zi(1)?,
-            h: z(R * h)?,
-            proj: z(R * proj_width(cfg))?,
-            kb: z(R * cfg.num_kv_heads * cfg.head_dim)?,
-            vb: z(R * cfg.num_kv_heads * cfg.head_dim)?,
-            x: z(R * h)?,
-            y: z(R * h)?,
-            qf: z(R * q_rows)?,
-            q: z(R * nh_hd)?,
-            gate: z(R * nh_hd)?,
-            o: z(R * nh_hd)?,
-            mlp_g: z(R * cfg.intermediate_size)?,
-            mlp_u: z(R * cfg.intermediate_size)?,
-            gdn_m: z(R * c)?,
-            gdn_mc: z(R * c)?,
-            gdn_z: z(R * vd)?,
-            braw: z(R * hv)?,
-            araw: z(R * hv)?,
-            gdn_q: z(R * kd)?,
-            gdn_o: z(R * vd)?,
+            act: RowBuffers::new(dev, cfg, R, RowNeeds::all(cfg))?,
+            piece: PieceScratch {
+                q: z(R * nh_hd)?,
+                gate: z(R * nh_hd)?,
+                attn,
+                gdn_mc: z(R * c)?,
+                gdn_q: z(R * kd)?,
+            },
             ck: z(R * kd)?,
             cv: z(R * vd)?,
             cg: z(R * hv)?,
             cb: z(R * hv)?,
             rows: z(R * h)?,
             logits: z(R * cfg.vocab_size)?,
-            attn,
             host_i32: Vec::with_capacity(R),
             host_u64: Vec::with_capacity(R),
         };
@@ -248,6 +314,7 @@ impl CudaState {
             buf,
             pend_rows: 0,
             pend_multi: false,
+            chunk: None,
             graphs: HashMap::new(),
             seen: HashSet::new(),
             topk: TopkScratch::new(dev, R, cfg.vocab_size)?,
