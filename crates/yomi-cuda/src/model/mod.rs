@@ -40,6 +40,9 @@ impl CudaModel {
     ) -> Result<Self> {
         check_supported(&model.cfg)?;
         let w = DevWeights::upload(&dev, model, progress)?;
+        // Open cuBLAS now (its first handle loads the library: ~0.1 s that would otherwise land
+        // in the first prompt's time to first token).
+        let _ = dev.gemm_route();
         dev.synchronize()?;
         Ok(CudaModel {
             dev,
