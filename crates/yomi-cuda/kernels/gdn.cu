@@ -129,7 +129,7 @@ extern "C" __global__ void __launch_bounds__(256)
 //   1. S₀ᵀk_i, S₀ᵀq_i from the register-resident slice (3 rows at a time, partial sums over the
 //      warps reduced through shared memory), and one thread per (i, j ∈ anc*(i)) the masked
 //      products A[i][j] = β_i (k_i·k_j) e^{Γ_i−Γ_j} (j ≠ i) and Qm[i][j] = (q_i·k_j) e^{Γ_i−Γ_j};
-//   2. warp 0 runs the triangular solve for its 32 columns (ancestors in descending order);
+//   2. warp 0 runs the triangular solve for its 32 columns (u in registers, unrolled);
 //   3. each warp computes o_i for its rows i ≡ w (mod 16); then fin.
 #define TV_TMAX 32
 #define TV_CH 3
@@ -274,27 +274,42 @@ extern "C" __global__ void __launch_bounds__(32 * GDN_NW)
     }
     __syncthreads();
 
+    // The solve, one column per lane (the lanes never read each other's u): u_j stay in
+    // registers and every row's sum over j < i is fully unrolled into four partial sums, so
+    // a row costs its FMAs at full issue rate instead of a chain of shared-memory round trips.
+    // A[i][j] is 0 for j outside anc(i) (set above), so summing over every j < i is the masked
+    // sum.
     if (w == 0) {
-        for (int i = 0; i < T; ++i) {
-            const float e = expf(gam[i]);
-            float ui = bet[i] * (vs[i][lane] - e * sk[i][lane]);
-            for (unsigned m = anc[i] & ~(1u << i); m; m &= ~(1u << (31 - __clz(m)))) {
-                const int j = 31 - __clz(m);
-                ui -= A[i][j] * us[j][lane];
+        float u[TV_TMAX];
+#pragma unroll
+        for (int i = 0; i < TV_TMAX; ++i) {
+            u[i] = 0.0f;
+            if (i < T) {
+                const float e = expf(gam[i]);
+                float p0 = bet[i] * (vs[i][lane] - e * sk[i][lane]), p1 = 0.0f, p2 = 0.0f,
+                      p3 = 0.0f;
+#pragma unroll
+                for (int j = 0; j < i; ++j) {
+                    const float a = -A[i][j];
+                    if ((j & 3) == 0) p0 = fmaf(a, u[j], p0);
+                    if ((j & 3) == 1) p1 = fmaf(a, u[j], p1);
+                    if ((j & 3) == 2) p2 = fmaf(a, u[j], p2);
+                    if ((j & 3) == 3) p3 = fmaf(a, u[j], p3);
+                }
+                u[i] = (p0 + p1) + (p2 + p3);
+                us[i][lane] = u[i];
             }
-            us[i][lane] = ui;
         }
     }
     __syncthreads();
 
+    // o_i over every j < T in four partial sums (Qm[i][j] is 0 outside anc*(i)).
     for (int i = w; i < T; i += GDN_NW) {
-        float oi = expf(gam[i]) * sq[i][lane];
-        for (unsigned m = anc[i] & ~(1u << i); m; m &= ~(1u << (31 - __clz(m)))) {
-            const int j = 31 - __clz(m);
-            oi += Qm[i][j] * us[j][lane];
-        }
-        oi += Qm[i][i] * us[i][lane];
-        o[((size_t)i * hv + h) * dv + d] = oi;
+        float p[4] = {expf(gam[i]) * sq[i][lane], 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < TV_TMAX; ++j)
+            if (j < T) p[j & 3] = fmaf(Qm[i][j], us[j][lane], p[j & 3]);
+        o[((size_t)i * hv + h) * dv + d] = (p[0] + p[1]) + (p[2] + p[3]);
     }
 
     if (fin) {
