@@ -187,16 +187,13 @@ extern "C" __global__ void __launch_bounds__(32 * GDN_NW)
     }
     __syncthreads();
 
-    for (int c0 = 0; c0 < T; c0 += TV_CH) {
-        float psk[TV_CH], psq[TV_CH];
-        // This warp's q values of the chunk's rows (the same for every lane), fetched before
-        // the FMAs: 16-byte loads when the rows allow (per a multiple of 4; q is 16-byte
-        // aligned, checked by the launcher), else one value at a time. The sums below run in
-        // the same order either way.
-        float qv[TV_CH][TV_MAXA];
+    // This warp's q values of a chunk's rows (the same for every lane): 16-byte loads when the
+    // rows allow (per a multiple of 4; q is 16-byte aligned, checked by the launcher), else one
+    // value at a time. The next chunk's are loaded before this chunk's FMAs and barriers, so
+    // their latency hides behind them. The sums below run in the same order either way.
+    auto load_q = [&](float (&qv)[TV_CH][TV_MAXA], int c0) {
 #pragma unroll
         for (int tt = 0; tt < TV_CH; ++tt) {
-            psk[tt] = psq[tt] = 0.0f;
             const float* qr = q + ((size_t)min(c0 + tt, T - 1) * hk + kh) * dk + a0;
             if ((per & 3) == 0) {
 #pragma unroll
@@ -214,6 +211,15 @@ extern "C" __global__ void __launch_bounds__(32 * GDN_NW)
                     if (i < per) qv[tt][i] = __ldg(qr + i);
             }
         }
+    };
+    float qv[TV_CH][TV_MAXA];
+    load_q(qv, 0);
+    for (int c0 = 0; c0 < T; c0 += TV_CH) {
+        float psk[TV_CH], psq[TV_CH];
+        float qn[TV_CH][TV_MAXA];
+        if (c0 + TV_CH < T) load_q(qn, c0 + TV_CH);
+#pragma unroll
+        for (int tt = 0; tt < TV_CH; ++tt) psk[tt] = psq[tt] = 0.0f;
 #pragma unroll
         for (int i = 0; i < TV_MAXA; ++i)
             if (i < per) {
@@ -243,6 +249,12 @@ extern "C" __global__ void __launch_bounds__(32 * GDN_NW)
             }
         }
         __syncthreads();
+        if (c0 + TV_CH < T) {
+#pragma unroll
+            for (int tt = 0; tt < TV_CH; ++tt)
+#pragma unroll
+                for (int i = 0; i < TV_MAXA; ++i) qv[tt][i] = qn[tt][i];
+        }
     }
 
     // The masked, decayed Gram entries, one thread per (i, j ≤ i).

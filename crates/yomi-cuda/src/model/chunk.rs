@@ -193,6 +193,7 @@ impl CudaModel {
             // A chain's pieces all read the parents [−1, 0, 1, …] and bits of a chain prefix.
             parents: &buf.chain_parents,
             anc: &ch.anc,
+            chain: true,
         };
         self.run_layers(layers, *capacity, &mut ch.act, &mut buf.piece, &inp)?;
         if which == LogitRows::Last && off + n == total {

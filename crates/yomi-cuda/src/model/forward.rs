@@ -71,6 +71,9 @@ pub(super) struct PassInputs<'a> {
     /// reads a prefix of the same ones).
     pub parents: &'a CudaSlice<i32>,
     pub anc: &'a CudaSlice<u64>,
+    /// The pass is a chain, so its GDN final states may be committed (a tree's are never
+    /// read: its commit replays the accepted rows).
+    pub chain: bool,
 }
 
 /// Where a projection left its pieces.
@@ -275,7 +278,9 @@ impl CudaModel {
         total: usize,
         which: LogitRows,
     ) -> Result<()> {
-        let key = (sub.n, which_code(which));
+        // Chains and trees of one size differ in what they launch (a chain's GDN final
+        // states), so each gets its own graph.
+        let key = (sub.n, which_code(which), sub.chain);
         if let Some(g) = st.graphs.get(&key) {
             return g
                 .launch()
@@ -407,6 +412,7 @@ impl CudaModel {
             committed: &buf.committed,
             parents: &buf.parents,
             anc: &buf.anc,
+            chain: sub.chain,
         };
         self.run_layers(layers, *capacity, &mut buf.act, &mut buf.piece, &inp)?;
         // Final norm and LM head on the rows whose logits are wanted.
@@ -916,8 +922,10 @@ impl CudaModel {
             // instead of the solve's phases (≈ 3× faster at 9B shapes).
             dev.gdn_step(shape, &rows, s, fin, &mut o)?;
         } else if p.off == 0 {
-            // For a tree, `fin` gets the state after the root → last-row path (unused).
-            dev.gdn_tree_verify(shape, n, &rows, &parents, s, &mut o, Some(fin))?;
+            // Only a chain's final state can be committed (`run_commit` copies it); a tree's
+            // commit replays the accepted rows, so its final state is not computed.
+            let fin = if inp.chain { Some(&mut *fin) } else { None };
+            dev.gdn_tree_verify(shape, n, &rows, &parents, s, &mut o, fin)?;
         } else {
             // Continue from the previous piece's final state.
             dev.gdn_tree_verify(shape, n, &rows, &parents, fin, &mut o, Some(spare))?;

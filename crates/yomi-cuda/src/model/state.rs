@@ -197,9 +197,10 @@ pub struct CudaState {
     pub(super) pend_multi: bool,
     /// The chunk passes' buffers, made at the first chunk pass (see `chunk.rs`).
     pub(super) chunk: Option<ChunkBuffers>,
-    /// Captured passes by (rows, which logits), and the shapes run once (captured next time).
-    pub(super) graphs: HashMap<(usize, u8), Graph>,
-    pub(super) seen: HashSet<(usize, u8)>,
+    /// Captured passes by (rows, which logits, chain), and the shapes run once (captured next
+    /// time).
+    pub(super) graphs: HashMap<(usize, u8, bool), Graph>,
+    pub(super) seen: HashSet<(usize, u8, bool)>,
     /// Ranking of the last pass's logits rows (`forward_top`) and its host staging.
     pub(super) topk: TopkScratch,
     pub(super) top_words: Vec<u32>,
