@@ -2,13 +2,15 @@
 //!
 //! - `model/`: the [`yomi_models::Accelerator`] that runs a loaded model's passes on the device
 //!   (weights uploaded once, fused projections, a device state per sequence under the DESIGN §4
-//!   pending → commit contract, sub-passes of 32 rows, layer-major chunk passes of up to 512 rows
-//!   for prefill chains, CUDA graphs per pass shape).
+//!   pending → commit contract, sub-passes of 32 rows, layer-major chunk passes of up to 2048
+//!   rows for prefill chains, CUDA graphs per pass shape).
 //! - The ops, each checked against its yomi-cpu twin by the `#[ignore]`d tests in
 //!   `tests/gpu*.rs` (H200 numbers in bench/RESULTS.md): RMSNorm, RoPE, SwiGLU (`ops.rs`,
 //!   `glue.rs`); GEMV over T ≤ 32 rows for f32/bf16/f16 (`gemv.cu`, SIMT and tensor-core
 //!   kernels) and GGUF blocks Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K (`quant.rs`, `gemv_quant.cu`, with a
-//!   quantized embedding gather), chosen so a row's result does not depend on T (batch
+//!   quantized embedding gather), and a GEMM past 32 rows (`gemm.rs`: cuBLAS on bf16 planes of
+//!   the weights and activations, or yomi's own tensor-core kernel over the tile layout); up
+//!   to 32 rows chosen so a row's result does not depend on T (batch
 //!   invariance: speculative output equals plain output), with a SwiGLU epilogue for a fused
 //!   bf16 gate|up; Gated DeltaNet one-row step and tree verify (`gdn.cu`); tree attention over
 //!   the KV cache, split-K, on tensor cores (3xTF32) or CUDA cores (`attention.rs`); tree conv1d
