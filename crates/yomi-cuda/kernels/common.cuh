@@ -144,3 +144,31 @@ __device__ __forceinline__ float conv_tree_channel(const float* __restrict__ m, 
     }
     return s * (1.0f / (1.0f + expf(-s)));
 }
+
+// Two f32 → one bf16x2 word (round to nearest even), `lo_elem` in the low half: the layout of
+// two consecutive bf16 values in memory and of an MMA fragment register.
+__device__ __forceinline__ u32 pack_bf16x2(float lo_elem, float hi_elem) {
+    u32 d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi_elem), "f"(lo_elem));
+    return d;
+}
+
+// x0, x1 = hi + lo with hi = bf16(x), lo = bf16(x − hi) (about 16 significant bits), packed as
+// pack_bf16x2 packs them. The one split of the tensor-core GEMV, the GEMM's activations and
+// the GEMM's dequantized weights, so all three round alike.
+__device__ __forceinline__ void split_bf16x2(float x0, float x1, u32& hi, u32& lo) {
+    hi = pack_bf16x2(x0, x1);
+    const float h0 = __uint_as_float(hi << 16);
+    const float h1 = __uint_as_float(hi & 0xffff0000u);
+    lo = pack_bf16x2(x0 - h0, x1 - h1);
+}
+
+// c += a·b, mma.sync m16n8k16, bf16 × bf16 → f32 (A row-major 4 regs, B column-major 2 regs).
+__device__ __forceinline__ void mma_bf16_16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                               u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}

@@ -29,15 +29,6 @@
 #define GEMM_STAGES 3
 #define GEMM_BN 64
 
-__device__ __forceinline__ void gemm_mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
-                                         u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // 16 bytes global → shared; `bytes` 0 fills the destination with zeros (src is not read).
 __device__ __forceinline__ void gemm_cp16(uint4* dst, const uint4* src, int bytes) {
     const u32 d = (u32)__cvta_generic_to_shared(dst);
@@ -67,14 +58,7 @@ extern "C" __global__ void gemm_split_x(const float* __restrict__ x, uint4* __re
         }
         u32 h[4], l[4];
 #pragma unroll
-        for (int p = 0; p < 4; ++p) {
-            asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(h[p]) : "f"(v[2 * p + 1]), "f"(v[2 * p]));
-            const float h0 = __uint_as_float(h[p] << 16);
-            const float h1 = __uint_as_float(h[p] & 0xffff0000u);
-            asm("cvt.rn.bf16x2.f32 %0, %1, %2;"
-                : "=r"(l[p])
-                : "f"(v[2 * p + 1] - h1), "f"(v[2 * p] - h0));
-        }
+        for (int p = 0; p < 4; ++p) split_bf16x2(v[2 * p], v[2 * p + 1], h[p], l[p]);
         hi[i] = make_uint4(h[0], h[1], h[2], h[3]);
         if (lo) lo[i] = make_uint4(l[0], l[1], l[2], l[3]);
     }
@@ -168,11 +152,11 @@ __device__ __forceinline__ void gemm_body(const uint4* __restrict__ Wt,
 #pragma unroll
                 for (int m = 0; m < 2; ++m) {
                     const uint4 A = a[m][0], B = a[m][1];
-                    gemm_mma(acc[m][n], A.x, B.x, A.y, B.y, bh.x, bh.y);
-                    gemm_mma(acc[m][n], A.z, B.z, A.w, B.w, bh.z, bh.w);
+                    mma_bf16_16816(acc[m][n], A.x, B.x, A.y, B.y, bh.x, bh.y);
+                    mma_bf16_16816(acc[m][n], A.z, B.z, A.w, B.w, bh.z, bh.w);
                     if (LO) {
-                        gemm_mma(acc[m][n], A.x, B.x, A.y, B.y, bl.x, bl.y);
-                        gemm_mma(acc[m][n], A.z, B.z, A.w, B.w, bl.z, bl.w);
+                        mma_bf16_16816(acc[m][n], A.x, B.x, A.y, B.y, bl.x, bl.y);
+                        mma_bf16_16816(acc[m][n], A.z, B.z, A.w, B.w, bl.z, bl.w);
                     }
                 }
             }

@@ -172,21 +172,6 @@ GEMV_DTYPE(f16, 2)
 // kernel would have stored, so the result is bit-identical to linear + swiglu_pair. Every row is
 // summed exactly as in the plain kernel (same slabs, same accumulators, same warp order); only
 // the tile a row sits in changes, and an MMA treats its 16 rows alike.
-__device__ __forceinline__ u32 pack_bf16x2(float lo_elem, float hi_elem) {
-    u32 d;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi_elem), "f"(lo_elem));
-    return d;
-}
-
-__device__ __forceinline__ void mma_bf16_16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
-                                               u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // Loads the A fragments of U slabs (s0, s0 + 8, …) for the MT m-tiles from the tile layout:
 // tile (rb, s) holds 64 16-byte fragments, rows g then g + 8 for lane l at l and 32 + l.
 // Padding tiles are zero, so only the slab index is bounded.
@@ -256,12 +241,7 @@ __device__ __forceinline__ void gemv_bf16_tc_body(const uint4* __restrict__ Wt,
                     }
                     u32 hi[4], lo[4];
 #pragma unroll
-                    for (int p = 0; p < 4; ++p) {
-                        hi[p] = pack_bf16x2(xv[2 * p], xv[2 * p + 1]);
-                        const float h0 = __uint_as_float(hi[p] << 16);
-                        const float h1 = __uint_as_float(hi[p] & 0xffff0000u);
-                        lo[p] = pack_bf16x2(xv[2 * p] - h0, xv[2 * p + 1] - h1);
-                    }
+                    for (int p = 0; p < 4; ++p) split_bf16x2(xv[2 * p], xv[2 * p + 1], hi[p], lo[p]);
 #pragma unroll
                     for (int m = 0; m < MT; ++m) {
                         const uint4 A = va[u][m], B = vb[u][m];

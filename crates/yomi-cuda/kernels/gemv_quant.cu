@@ -456,13 +456,7 @@ __device__ __forceinline__ void dequant_hl_body(const QPtrs a, u16* __restrict__
         for (int half = 0; half < 2; ++half) {
             u32 h[2], l[2];
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float x0 = v[half][2 * e], x1 = v[half][2 * e + 1];
-                asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(h[e]) : "f"(x1), "f"(x0));
-                const float h0 = __uint_as_float(h[e] << 16);
-                const float h1 = __uint_as_float(h[e] & 0xffff0000u);
-                asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(l[e]) : "f"(x1 - h1), "f"(x0 - h0));
-            }
+            for (int e = 0; e < 2; ++e) split_bf16x2(v[half][2 * e], v[half][2 * e + 1], h[e], l[e]);
             const size_t col = o + sc.base + (half ? sc.hoff : 0) + 4 * p;
             *(uint2*)(wh + col) = make_uint2(h[0], h[1]);
             *(uint2*)(wl + col) = make_uint2(l[0], l[1]);

@@ -33,7 +33,9 @@ use crate::device::CudaDevice;
 use crate::error::{CudaError, Result, ensure};
 use crate::guard;
 use crate::kernels::Module;
-use crate::ops::{DeviceMatrix, GateUpMatrix, Weights, as_i32, dptr, dptr_mut, launch_err};
+use crate::ops::{
+    DeviceMatrix, GateUpMatrix, Weights, as_i32, check_rows, dptr, dptr_mut, launch_err,
+};
 
 /// Every kernel of `kernels/gemm.cu`.
 pub(crate) const KERNELS: [&str; 8] = [
@@ -192,15 +194,16 @@ impl CudaDevice {
         route: GemmRoute,
     ) -> Result<()> {
         let (n, k) = (w.rows, w.cols);
-        ensure!(
-            t >= 1 && x.len() == t * k && out.len() == t * n,
-            "gemm: x has {} values and out {}, not [T={t}, {k}] and [T={t}, {n}]",
+        check_rows(
+            "gemm",
+            t,
             x.len(),
-            out.len()
-        );
-        if let Some(b) = bias {
-            ensure!(b.len() == n, "gemm: bias has {} values, not {n}", b.len());
-        }
+            k,
+            out.len(),
+            n,
+            bias.map(|b| b.len()),
+            n,
+        )?;
         let st = self.stream();
         let (xp, op) = (dptr(x, st), dptr_mut(out, st));
         let opts = GemmOpts {
@@ -225,19 +228,8 @@ impl CudaDevice {
         route: GemmRoute,
     ) -> Result<()> {
         let (inter, k) = (w.inter, w.m.cols);
-        ensure!(
-            t >= 1 && x.len() == t * k && out.len() == t * inter,
-            "gemm: x has {} values and out {}, not [T={t}, {k}] and [T={t}, {inter}]",
-            x.len(),
-            out.len()
-        );
-        if let Some(b) = bias {
-            ensure!(
-                b.len() == 2 * inter,
-                "gemm: bias has {} values, not 2·{inter}",
-                b.len()
-            );
-        }
+        let bias_len = bias.map(|b| b.len());
+        check_rows("gemm", t, x.len(), k, out.len(), inter, bias_len, 2 * inter)?;
         let st = self.stream();
         let (xp, op) = (dptr(x, st), dptr_mut(out, st));
         let opts = GemmOpts {

@@ -243,6 +243,37 @@ impl GateUpMatrix {
 /// The most rows one GEMV launch takes (DESIGN §5: T ≤ 32 rows share one weight read).
 pub const MAX_GEMV_ROWS: usize = 32;
 
+/// The shape checks every linear entry point makes: T ≥ 1 rows, x [T, k], out [T, n_out], and a
+/// bias of `bias_want` values if one is given.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_rows(
+    what: &str,
+    t: usize,
+    x_len: usize,
+    k: usize,
+    out_len: usize,
+    n_out: usize,
+    bias: Option<usize>,
+    bias_want: usize,
+) -> Result<()> {
+    ensure!(t >= 1, "{what}: T = 0 rows");
+    ensure!(
+        x_len == t * k,
+        "{what}: x has {x_len} values, not [T={t}, in={k}]"
+    );
+    ensure!(
+        out_len == t * n_out,
+        "{what}: out has {out_len} values, not [T={t}, out={n_out}]"
+    );
+    if let Some(b) = bias {
+        ensure!(
+            b == bias_want,
+            "{what}: bias has {b} values, not {bias_want}"
+        );
+    }
+    Ok(())
+}
+
 /// (first row, rows) of the consecutive GEMV launches that cover T rows: 32 at a time.
 fn row_pieces(t: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..t)
@@ -642,20 +673,11 @@ impl CudaDevice {
         variant: Option<GemvKernel>,
     ) -> Result<()> {
         let (n, k) = (w.rows, w.cols);
-        ensure!(t >= 1, "linear: T = 0 rows");
+        let bias_len = bias.map(|b| b.len());
+        check_rows("linear", t, x.len(), k, out.len(), n, bias_len, n)?;
         ensure!(
             variant.is_none() || t <= MAX_GEMV_ROWS,
             "linear: a chosen GEMV kernel takes 1..={MAX_GEMV_ROWS} rows, not {t}"
-        );
-        ensure!(
-            x.len() == t * k,
-            "linear: x has {} values, not [T={t}, in={k}]",
-            x.len()
-        );
-        ensure!(
-            out.len() == t * n,
-            "linear: out has {} values, not [T={t}, out={n}]",
-            out.len()
         );
         let epc = w.dtype.per_16_bytes();
         ensure!(
@@ -663,9 +685,6 @@ impl CudaDevice {
             "linear: in = {k} must be a positive multiple of {epc} for {} weights",
             w.dtype.tag()
         );
-        if let Some(b) = bias {
-            ensure!(b.len() == n, "linear: bias has {} values, not {n}", b.len());
-        }
         let st = self.stream();
         let (xp, op) = (dptr(x, st), dptr_mut(out, st));
         // Block quants take the GEMM only through cuBLAS (dequantized into bf16 planes).
@@ -716,24 +735,17 @@ impl CudaDevice {
         out: &mut (impl DevicePtrMut<f32> + ?Sized),
     ) -> Result<()> {
         let (inter, k) = (w.inter, w.m.cols);
-        ensure!(t >= 1, "linear_swiglu: T = 0 rows");
-        ensure!(
-            x.len() == t * k && k > 0 && k.is_multiple_of(8),
-            "linear_swiglu: x has {} values, not [T={t}, in={k}] (in a positive multiple of 8)",
-            x.len()
-        );
-        ensure!(
-            out.len() == t * inter,
-            "linear_swiglu: out has {} values, not [T={t}, {inter}]",
-            out.len()
-        );
-        if let Some(b) = bias {
-            ensure!(
-                b.len() == 2 * inter,
-                "linear_swiglu: bias has {} values, not 2·{inter}",
-                b.len()
-            );
-        }
+        let bias_len = bias.map(|b| b.len());
+        check_rows(
+            "linear_swiglu",
+            t,
+            x.len(),
+            k,
+            out.len(),
+            inter,
+            bias_len,
+            2 * inter,
+        )?;
         let st = self.stream();
         let (xp, op) = (dptr(x, st), dptr_mut(out, st));
         if t > MAX_GEMV_ROWS && gemm_enabled() {
