@@ -322,10 +322,13 @@ extern "C" __global__ void attn_combine_f32(const float* __restrict__ part_acc,
 //      keys t and t+4 of an 8-key step where the S fragment holds keys 2t and 2t+1, so the PV
 //      step takes its keys in the order 0, 2, 4, 6, 1, 3, 5, 7 (a sum over keys does not care)
 //      and reads V rows 2t and 2t+1 for them.
-// Precision: every product is done as 3xTF32, x = hi + lo with hi = tf32(x), lo = tf32(x − hi),
-// x·y ≈ hi_x·hi_y + hi_x·lo_y + lo_x·hi_y (the dropped lo·lo term is ~2^−22 relative), in f32
-// accumulators, so the result matches f32 FMAs to ~1e−6 relative (one TF32 product would be off by
-// ~1e−3 and miss the 1e−4 parity bound of the tests).
+// Precision: every product is done as 3xTF32, x = hi + lo with hi = tf32(x) (round to nearest)
+// and lo = x − hi (exact in f32; the MMA reads it as TF32, i.e. truncated to 10 mantissa bits,
+// an error of at most 2^−21·|x|), x·y ≈ hi_x·hi_y + hi_x·lo_y + lo_x·hi_y (the dropped lo·lo
+// term is ~2^−22 relative), in f32 accumulators, so the result matches f32 FMAs to ~1e−6
+// relative (one TF32 product would be off by ~1e−3 and miss the 1e−4 parity bound of the tests).
+// The split is two integer ops and a subtraction: ncu showed the integer pipe as the kernel's
+// busiest (49.5% at T = 16, 8k keys) with a cvt.rna.tf32 for hi and for lo.
 // Shared memory (floats; rows padded by 4 so fragment loads hit 32 distinct banks):
 //   K [2][16][HD+4], V [2][16][HD+4], Q [32][HD+4], S parts [8 warps][16·16].
 // Key tiles are the SIMT kernel's 16-key batches, so both kernels cut splits alike (att_chunk).
@@ -347,8 +350,11 @@ __device__ __forceinline__ void amma_cp16(u32 dst, const void* src, int bytes) {
 }
 
 __device__ __forceinline__ void amma_split(float x, u32& hi, u32& lo) {
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
+    // hi: x rounded to its 10 explicit mantissa bits (half-ulp up, then truncate: what
+    // cvt.rna.tf32 does for finite x, in two integer ops); lo: the exact remainder, passed as
+    // f32 bits, of which the MMA reads the top 19.
+    hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+    lo = __float_as_uint(x - __uint_as_float(hi));
 }
 
 // d += a·b, m16n8k8, A row-major (4 regs), B column-major (2 regs), TF32 in, f32 accumulate.
