@@ -1094,6 +1094,37 @@ impl CudaDevice {
 mod tests {
     use super::*;
 
+    /// T rows past the GEMV's limit go as launches of 32 rows in order, the last one the rest.
+    #[test]
+    fn row_pieces_cover_t_rows_in_order() {
+        for t in [1usize, 31, 32, 33, 64, 100, 2048] {
+            let p: Vec<(usize, usize)> = row_pieces(t).collect();
+            let mut next = 0;
+            for (i, &(off, rows)) in p.iter().enumerate() {
+                assert_eq!(off, next, "T={t}");
+                assert!((1..=MAX_GEMV_ROWS).contains(&rows), "T={t}: {rows} rows");
+                assert!(
+                    rows == MAX_GEMV_ROWS || i + 1 == p.len(),
+                    "T={t}: a short piece inside"
+                );
+                next += rows;
+            }
+            assert_eq!(next, t);
+        }
+    }
+
+    /// The shape check refuses zero rows, wrong lengths and a wrong bias, and takes the rest.
+    #[test]
+    fn linear_shape_check() {
+        assert!(check_rows("t", 3, 3 * 8, 8, 3 * 5, 5, Some(5), 5).is_ok());
+        assert!(check_rows("t", 40, 40 * 8, 8, 40 * 5, 5, None, 5).is_ok());
+        assert!(check_rows("t", 0, 0, 8, 0, 5, None, 5).is_err());
+        assert!(check_rows("t", 3, 3 * 8 - 1, 8, 3 * 5, 5, None, 5).is_err());
+        assert!(check_rows("t", 3, 3 * 8, 8, 3 * 5 + 1, 5, None, 5).is_err());
+        let e = check_rows("linear", 3, 3 * 8, 8, 3 * 5, 5, Some(4), 5).unwrap_err();
+        assert!(e.to_string().contains("bias has 4 values, not 5"), "{e}");
+    }
+
     /// The tile layout puts every (row, column) of the matrix at its own place inside the
     /// padded buffer, with lane l's 16-byte fragment of rows g / g + 8 at 256·h + 8·l.
     #[test]

@@ -60,6 +60,11 @@ struct CpuDouble {
     /// Passes that returned candidates, and rows fetched whole for the host.
     ranked_passes: AtomicUsize,
     fetched_rows: AtomicUsize,
+    /// Rows per prefill pass it asks the engine for (`Accelerator::prefill_rows`).
+    prefill: Option<usize>,
+    /// (committed, rows) of every chain pass of more than one row without every row's logits
+    /// (the prefill passes).
+    prefill_passes: std::sync::Mutex<Vec<(usize, usize)>>,
 }
 
 fn state(st: &mut dyn AccelState) -> &mut State {
@@ -78,6 +83,9 @@ impl Accelerator for CpuDouble {
     }
     fn max_tree_rows(&self) -> usize {
         self.max_rows
+    }
+    fn prefill_rows(&self) -> Option<usize> {
+        self.prefill
     }
     fn new_state(&self, capacity: usize) -> Result<Box<dyn AccelState>> {
         Ok(Box::new(CpuState(
@@ -110,6 +118,9 @@ impl Accelerator for CpuDouble {
                 tree.len()
             );
             self.widest_tree.fetch_max(tree.len(), Ordering::Relaxed);
+        } else if tree.is_chain() && tree.len() > 1 {
+            let mut p = self.prefill_passes.lock().expect("not poisoned");
+            p.push((committed, tree.len()));
         }
         self.model.forward(s, tokens, tree, which, logits)
     }
@@ -180,6 +191,15 @@ fn accelerated(max_rows: usize) -> (Engine, Arc<CpuDouble>) {
 
 /// [`accelerated`], with a double that ranks logits when `ranks`.
 fn accelerated_with(max_rows: usize, ranks: bool) -> (Engine, Arc<CpuDouble>) {
+    accelerated_full(max_rows, ranks, None)
+}
+
+/// [`accelerated_with`], with a double that asks for `prefill` rows per prefill pass.
+fn accelerated_full(
+    max_rows: usize,
+    ranks: bool,
+    prefill: Option<usize>,
+) -> (Engine, Arc<CpuDouble>) {
     let mut e = engine();
     let double = Arc::new(CpuDouble {
         model: engine().model,
@@ -189,6 +209,8 @@ fn accelerated_with(max_rows: usize, ranks: bool) -> (Engine, Arc<CpuDouble>) {
         ranks,
         ranked_passes: AtomicUsize::new(0),
         fetched_rows: AtomicUsize::new(0),
+        prefill,
+        prefill_passes: std::sync::Mutex::new(Vec::new()),
     });
     e.model.accel = Some(double.clone());
     e.model.release_host_matrices();
@@ -276,6 +298,45 @@ fn generation_through_the_accelerator_equals_the_cpu_engine() {
         (2..=8).contains(&widest),
         "the widest verify pass had {widest} rows (drafts expected, capped at the accelerator's 8)"
     );
+}
+
+/// A device that asks for longer prefill passes gets them: the request rounded up to a multiple
+/// of PREFILL_CHUNK, ending at absolute multiples of it (so a resumed prefill cuts where a cold
+/// one does), the last one short; without a request, PREFILL_CHUNK. The output is the CPU
+/// engine's either way (llama-tiny's CPU passes give every row the same bits whatever the
+/// chain length).
+#[test]
+fn prefill_passes_follow_what_the_device_asks_for() {
+    use yomi_engine::generate::PREFILL_CHUNK;
+    let cpu = engine();
+    let long: Vec<u32> = (0..700u32).map(|i| (i * 37 + 11) % 512).collect();
+    let p = params(DraftMode::None, SamplerParams::greedy());
+    let p = GenerateParams {
+        max_tokens: 32,
+        ..p
+    };
+    let want = run(&cpu, &long, &p);
+    for (ask, rows) in [
+        (None, PREFILL_CHUNK),
+        (Some(300), 2 * PREFILL_CHUNK),
+        (Some(4096), 4096),
+    ] {
+        let (acc, double) = accelerated_full(8, false, ask);
+        let got = run(&acc, &long, &p);
+        assert_eq!(
+            got.output_ids, want.output_ids,
+            "prefill rows asked {ask:?}"
+        );
+        let passes = double.prefill_passes.lock().expect("not poisoned").clone();
+        let mut expect = Vec::new();
+        let mut pos = 0;
+        while pos < long.len() {
+            let end = ((pos / rows + 1) * rows).min(long.len());
+            expect.push((pos, end - pos));
+            pos = end;
+        }
+        assert_eq!(passes, expect, "prefill rows asked {ask:?}");
+    }
 }
 
 #[test]
