@@ -50,7 +50,7 @@ pub(crate) const KERNELS: [&str; 8] = [
 ];
 
 /// Rows of x one block of the kernel takes (its GEMM_BN).
-pub const GEMM_BLOCK_ROWS: usize = 64;
+const GEMM_BLOCK_ROWS: usize = 64;
 /// Weight rows one block takes (8 m-tiles of 16).
 const GEMM_BLOCK_OUT: usize = 128;
 /// Pipeline depth (the kernel's GEMM_STAGES) and the shared memory of one stage per plane.
@@ -114,7 +114,7 @@ pub(crate) fn gemm_enabled() -> bool {
 }
 
 /// Whether the GEMM keeps x's low bf16 plane (`YOMI_CUDA_GEMM_LO`, default on).
-pub fn gemm_keeps_lo() -> bool {
+pub(crate) fn gemm_keeps_lo() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| env_flag("YOMI_CUDA_GEMM_LO"))
 }
@@ -241,8 +241,9 @@ impl CudaDevice {
     }
 
     /// `out[T, N] = x[T, K] · Wᵀ (+ bias)` (or, with `opts.swiglu`, the SwiGLU of an interleaved
-    /// gate|up matrix into out [T, N/2]) for bf16 weights in the tile layout, x and out at device
-    /// addresses `xp` and `op`. Shapes are checked by the callers (`linear`, `linear_swiglu`).
+    /// gate|up matrix into out [T, N/2]) for bf16 weights in the tile layout, or on the cuBLAS
+    /// route block-quantized ones, x and out at device addresses `xp` and `op`. Shapes are
+    /// checked by the callers (`linear`, `linear_swiglu`, the public wrappers).
     pub(crate) fn gemm_bf16_raw(
         &self,
         xp: u64,

@@ -35,7 +35,7 @@ mod device;
 mod error;
 mod gemm;
 mod glue;
-pub use gemm::{GEMM_BLOCK_ROWS, GemmRoute, gemm_keeps_lo};
+pub use gemm::GemmRoute;
 pub use glue::{AttnPrepSources, GdnConvArgs, GdnGateArgs};
 pub mod kernels;
 mod launch;
