@@ -116,6 +116,33 @@ fn act_bound(w: &[f32], x: &[f32], block: usize, p: Precision) -> f64 {
     bound + 1e-30
 }
 
+/// Two [T, rows] outputs of the same product agree to 1e-5 of Σ|w·x| per output (+ 1e-6): the
+/// bound for kernels that sum the same exact integers in another f32 order. `deq` is the
+/// dequantized [rows, cols] matrix, `x` the [T, cols] activations.
+fn assert_close_by_magnitude(
+    a: &[f32],
+    b: &[f32],
+    deq: &[f32],
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    what: &str,
+) {
+    assert_eq!(a.len(), b.len(), "{what}: output lengths");
+    for (i, (a, b)) in a.iter().zip(b).enumerate() {
+        let (ti, r) = (i / rows, i % rows);
+        let mag: f32 = deq[r * cols..(r + 1) * cols]
+            .iter()
+            .zip(&x[ti * cols..(ti + 1) * cols])
+            .map(|(w, v)| (w * v).abs())
+            .sum();
+        assert!(
+            (a - b).abs() <= 1e-5 * mag + 1e-6,
+            "{what} out {i}: {a} vs {b}"
+        );
+    }
+}
+
 fn dequant(ty: QuantType, bytes: &[u8]) -> Vec<f32> {
     let mut y = vec![0.0; bytes.len() / ty.type_size() * ty.block_size()];
     dequantize_row(ty, bytes, &mut y);
@@ -781,18 +808,7 @@ fn linear_isa_parity(isa: Isa) {
         linear_quant_with(kernel(Isa::Scalar, p), &x, t, rows, cols, &q, &mut a);
         linear_quant_with(kernel(isa, p), &x, t, rows, cols, &q, &mut b);
         let deq = dequant(ty, &q.bytes);
-        for (i, (a, s)) in a.iter().zip(&b).enumerate() {
-            let (ti, r) = (i / rows, i % rows);
-            let mag: f32 = deq[r * cols..(r + 1) * cols]
-                .iter()
-                .zip(&x[ti * cols..(ti + 1) * cols])
-                .map(|(w, v)| (w * v).abs())
-                .sum();
-            assert!(
-                (a - s).abs() <= 1e-5 * mag + 1e-6,
-                "{ty} {p} {isa:?} out {i}: {a} vs {s}"
-            );
-        }
+        assert_close_by_magnitude(&a, &b, &deq, &x, rows, cols, &format!("{ty} {p} {isa:?}"));
     }
 }
 
@@ -1082,18 +1098,8 @@ fn packed_rows_bitwise() {
                 let mut rowk = vec![0.0; tmax * rows];
                 linear_quant_with(k, &x, tmax, rows, cols, &q, &mut rowk);
                 let deq = dequant(ty, &q.bytes);
-                for (i, (a, b)) in one.iter().zip(&rowk).enumerate() {
-                    let (ti, r) = (i / rows, i % rows);
-                    let mag: f32 = deq[r * cols..(r + 1) * cols]
-                        .iter()
-                        .zip(&x[ti * cols..(ti + 1) * cols])
-                        .map(|(w, v)| (w * v).abs())
-                        .sum();
-                    assert!(
-                        (a - b).abs() <= 1e-5 * mag + 1e-6,
-                        "{ty} {prec} {isa:?} out {i}: {a} vs {b}"
-                    );
-                }
+                let what = format!("{ty} {prec} {isa:?}");
+                assert_close_by_magnitude(&one, &rowk, &deq, &x, rows, cols, &what);
             }
         }
     }
