@@ -5,6 +5,7 @@
 pub mod activation;
 pub mod attention;
 pub mod conv;
+pub mod exp;
 pub mod gdn;
 pub mod linear;
 pub mod norm;

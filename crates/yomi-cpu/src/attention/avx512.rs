@@ -1,0 +1,232 @@
+//! AVX-512 attention kernels: the reference order of [`super::lanes`] with one 512-bit
+//! register per 16 lanes, bit for bit.
+//!
+//! - [`scores16`]: 16 keys at once. Each key's 16 lane partials are one register (a chain of
+//!   `hd / 16` FMAs); the 16 registers are reduced together by a transpose-and-add tree whose
+//!   four stages pair the same lanes as [`super::lanes::reduce16`] (`l + 8`: 256-bit halves,
+//!   `l + 4`: 128-bit quarters, `l + 2`: 64-bit pairs, `l + 1`: neighbours), leaving key
+//!   `j + 4m` in lane `4j + m`; one permute restores key order. ~45 shuffles/adds per 16 keys
+//!   instead of a horizontal sum per key.
+//! - [`exp_sum`]: the polynomial `exp` on 16 lanes, the sum in 16 lane accumulators.
+//! - [`weighted_part`]: `hd` in groups of 64 values (4 registers), even and odd keys in two
+//!   accumulator sets (8 independent FMA chains), continued from and stored back to memory so
+//!   that several query rows can take turns over one block of values while it is in L1.
+//!
+//! Shapes: q and every key/value row are `hd` f32 (any hd; the last 16-lane chunk is masked).
+
+use std::arch::x86_64::*;
+
+use super::Keys;
+use super::lanes::{LANES, reduce16};
+use crate::exp::x86::exp16;
+
+/// Mask of the valid lanes of 16-lane chunk `c` of an `hd`-vector.
+#[inline(always)]
+fn chunk_mask(hd: usize, c: usize) -> __mmask16 {
+    let valid = (hd - c * LANES).min(LANES);
+    if valid == LANES {
+        0xffff
+    } else {
+        ((1u32 << valid) - 1) as __mmask16
+    }
+}
+
+/// Lanes `c·16..` of `row` (zeros past its end).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn load_chunk(row: &[f32], c: usize) -> __m512 {
+    let m = chunk_mask(row.len(), c);
+    // SAFETY: the mask covers only lanes c·16 + l < row.len(); masked-off lanes are not read.
+    unsafe { _mm512_maskz_loadu_ps(m, row.as_ptr().add(c * LANES)) }
+}
+
+/// The 16 lane partials of q · k (reference order, before the tree).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn partials(q: &[f32], k: &[f32]) -> __m512 {
+    let mut p = _mm512_mul_ps(load_chunk(q, 0), load_chunk(k, 0));
+    for c in 1..q.len().div_ceil(LANES) {
+        p = _mm512_fmadd_ps(load_chunk(q, c), load_chunk(k, c), p);
+    }
+    p
+}
+
+/// `out[j] = (q · key(k0 + j)) · scale` for j < 16 (committed keys: `k0 + 16 ≤ committed`).
+///
+/// # Safety
+/// The CPU must have AVX-512 F and DQ.
+#[target_feature(enable = "avx512f,avx512dq")]
+pub unsafe fn scores16(q: &[f32], keys: &Keys, k0: usize, scale: f32, out: &mut [f32]) {
+    let (hd, stride) = (q.len(), keys.stride);
+    assert!(out.len() >= LANES && hd == keys.hd && k0 + LANES <= keys.committed);
+    let first = (k0 * stride + keys.off) as isize;
+    assert!(first >= 0 && (k0 + LANES - 1) * stride + keys.off + hd <= keys.cache.len());
+    // SAFETY: keys k0..k0+16 are committed rows at `first + j·stride`, each `hd` floats inside
+    // the cache (asserted); masked loads read only lanes < hd.
+    let base = unsafe { keys.cache.as_ptr().offset(first) };
+    let key = |j: usize, c: usize, m: __mmask16| unsafe {
+        _mm512_maskz_loadu_ps(m, base.add(j * stride + c * LANES))
+    };
+    // Chunk outside, keys inside: 16 independent FMA chains.
+    let m0 = chunk_mask(hd, 0);
+    let q0 = load_chunk(q, 0);
+    let mut p = [_mm512_setzero_ps(); LANES];
+    for (j, v) in p.iter_mut().enumerate() {
+        *v = _mm512_mul_ps(q0, key(j, 0, m0));
+    }
+    for c in 1..hd.div_ceil(LANES) {
+        let (m, qc) = (chunk_mask(hd, c), load_chunk(q, c));
+        for (j, v) in p.iter_mut().enumerate() {
+            *v = _mm512_fmadd_ps(qc, key(j, c, m), *v);
+        }
+    }
+    // l + 8: keys 2i, 2i+1 → lanes 0..8, 8..16 of w[i].
+    let mut w = [_mm512_setzero_ps(); 8];
+    for (i, v) in w.iter_mut().enumerate() {
+        let (a, b) = (p[2 * i], p[2 * i + 1]);
+        *v = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x44>(a, b),
+            _mm512_shuffle_f32x4::<0xEE>(a, b),
+        );
+    }
+    // l + 4: key 4i + j → 128-bit quarter j of x[i].
+    let mut x = [_mm512_setzero_ps(); 4];
+    for (i, v) in x.iter_mut().enumerate() {
+        let (a, b) = (w[2 * i], w[2 * i + 1]);
+        *v = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x88>(a, b),
+            _mm512_shuffle_f32x4::<0xDD>(a, b),
+        );
+    }
+    // l + 2: key 8i + j → lanes 0, 1 of quarter j of y[i]; key 8i + 4 + j → lanes 2, 3.
+    let mut y = [_mm512_setzero_ps(); 2];
+    for (i, v) in y.iter_mut().enumerate() {
+        let (a, b) = (_mm512_castps_pd(x[2 * i]), _mm512_castps_pd(x[2 * i + 1]));
+        *v = _mm512_add_ps(
+            _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
+        );
+    }
+    // l + 1: key j + 4m → lane 4j + m.
+    let z = _mm512_add_ps(
+        _mm512_shuffle_ps::<0x88>(y[0], y[1]),
+        _mm512_shuffle_ps::<0xDD>(y[0], y[1]),
+    );
+    // out[k] = z[4·(k mod 4) + k / 4].
+    let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    let s = _mm512_mul_ps(_mm512_permutexvar_ps(idx, z), _mm512_set1_ps(scale));
+    // SAFETY: `out` has at least 16 writable f32 (asserted); unaligned store.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), s) };
+}
+
+/// `(q · k) · scale` of one key.
+///
+/// # Safety
+/// The CPU must have AVX-512 F.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn score1(q: &[f32], k: &[f32], scale: f32) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    // SAFETY: `lanes` is 16 writable f32.
+    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), partials(q, k)) };
+    reduce16(&lanes) * scale
+}
+
+/// `s[k] ← exp(s[k] − max)`, returning their sum (reference order).
+///
+/// # Safety
+/// The CPU must have AVX-512 F.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn exp_sum(s: &mut [f32], max: f32) -> f32 {
+    let vmax = _mm512_set1_ps(max);
+    let mut acc = _mm512_setzero_ps();
+    for c in 0..s.len().div_ceil(LANES) {
+        let m = chunk_mask(s.len(), c);
+        // SAFETY: masked to the lanes inside `s`.
+        let x = unsafe { _mm512_maskz_loadu_ps(m, s.as_ptr().add(c * LANES)) };
+        let e = exp16(_mm512_sub_ps(x, vmax));
+        // SAFETY: masked to the lanes inside `s`.
+        unsafe { _mm512_mask_storeu_ps(s.as_mut_ptr().add(c * LANES), m, e) };
+        acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(m, e));
+    }
+    let mut lanes = [0.0f32; LANES];
+    // SAFETY: `lanes` is 16 writable f32.
+    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc) };
+    reduce16(&lanes)
+}
+
+/// [`super::lanes::weighted_part`]: the even/odd chains `acc` ([2, hd]) continued over keys
+/// `k0..k1`.
+///
+/// # Safety
+/// The CPU must have AVX-512 F.
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::needless_range_loop)] // c indexes the masks and both accumulator sets.
+pub unsafe fn weighted_part(p: &[f32], keys: &Keys, k0: usize, k1: usize, acc: &mut [f32]) {
+    const GROUP: usize = 4;
+    let (hd, stride) = (keys.hd, keys.stride);
+    assert!(acc.len() == 2 * hd && k1 <= p.len() && k1 <= keys.len());
+    // Committed keys of the range: direct strided rows.
+    let c1 = keys.committed.min(k1).max(k0);
+    if c1 > k0 {
+        assert!((c1 - 1) * stride + keys.off + hd <= keys.cache.len());
+    }
+    let nc = hd.div_ceil(LANES);
+    let (even_acc, odd_acc) = acc.split_at_mut(hd);
+    for c0 in (0..nc).step_by(GROUP) {
+        let g = (nc - c0).min(GROUP);
+        let mut mask = [0 as __mmask16; GROUP];
+        for (c, m) in mask.iter_mut().enumerate().take(g) {
+            *m = chunk_mask(hd, c0 + c);
+        }
+        let mut ch = [[_mm512_setzero_ps(); GROUP]; 2];
+        for c in 0..g {
+            ch[0][c] = load_chunk(even_acc, c0 + c);
+            ch[1][c] = load_chunk(odd_acc, c0 + c);
+        }
+        // SAFETY: committed key k < c1 is `hd` floats at `off + k·stride` inside the cache
+        // (asserted for the last one); masked loads read only lanes < hd.
+        let row = |k: usize| unsafe { keys.cache.as_ptr().add(keys.off + k * stride) };
+        let mut k = k0;
+        if k % 2 == 1 && k < c1 {
+            let (r, w) = (row(k), _mm512_set1_ps(p[k]));
+            for c in 0..g {
+                // SAFETY: see `row`.
+                let v = unsafe { _mm512_maskz_loadu_ps(mask[c], r.add((c0 + c) * LANES)) };
+                ch[1][c] = _mm512_fmadd_ps(w, v, ch[1][c]);
+            }
+            k += 1;
+        }
+        while k + 2 <= c1 {
+            let (r0, r1) = (row(k), row(k + 1));
+            let (w0, w1) = (_mm512_set1_ps(p[k]), _mm512_set1_ps(p[k + 1]));
+            for c in 0..g {
+                let o = (c0 + c) * LANES;
+                // SAFETY: see `row`.
+                let (v0, v1) = unsafe {
+                    (
+                        _mm512_maskz_loadu_ps(mask[c], r0.add(o)),
+                        _mm512_maskz_loadu_ps(mask[c], r1.add(o)),
+                    )
+                };
+                ch[0][c] = _mm512_fmadd_ps(w0, v0, ch[0][c]);
+                ch[1][c] = _mm512_fmadd_ps(w1, v1, ch[1][c]);
+            }
+            k += 2;
+        }
+        // The rest (an odd last committed key, path keys): same chains by key parity.
+        for (k, &w) in p.iter().enumerate().take(k1).skip(k) {
+            let (r, w) = (keys.row(k), _mm512_set1_ps(w));
+            for c in 0..g {
+                ch[k % 2][c] = _mm512_fmadd_ps(w, load_chunk(r, c0 + c), ch[k % 2][c]);
+            }
+        }
+        for c in 0..g {
+            let o = (c0 + c) * LANES;
+            // SAFETY: masked to the lanes inside the two halves of `acc`.
+            unsafe {
+                _mm512_mask_storeu_ps(even_acc.as_mut_ptr().add(o), mask[c], ch[0][c]);
+                _mm512_mask_storeu_ps(odd_acc.as_mut_ptr().add(o), mask[c], ch[1][c]);
+            }
+        }
+    }
+}

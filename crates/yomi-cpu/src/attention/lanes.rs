@@ -1,0 +1,100 @@
+//! The 16-lane arithmetic of CPU attention, defined once in plain Rust (the reference order
+//! every instruction set reproduces bit for bit).
+//!
+//! Speculative decoding is lossless only if a query row's attention output does not depend on
+//! how many other rows share the pass, so every value below is a fixed function of the row's
+//! own inputs, in a fixed order:
+//!
+//! - **Score** of a query q and a key k (`hd` values): 16 lane partials, lane `l` a chain over
+//!   `d = l, l + 16, …` (`mul` for the first chunk, then `fma`; the lanes past `hd` in the last
+//!   chunk see zeros), reduced by the tree `l + 8`, `l + 4`, `l + 2`, `l + 1`; times `scale`.
+//! - **Weights**: `p = exp(s − max)` with [`crate::exp::exp`] (a degree-6 polynomial after a
+//!   Cody–Waite reduction, arguments clamped to [−87, 88]); their sum in 16 lane accumulators
+//!   (key index k into lane `k mod 16`, in order) reduced by the same tree.
+//! - **Output**: for each of the `hd` values two chains over the keys, even and odd key index
+//!   (`fma(p_k, v_k[d], acc)` from zero, key after key), then `(even + odd) · (1 / sum)`.
+//!
+//! Keys are indexed by their place in the row's visible list (committed rows, then the row's
+//! path in the tree by depth), which is the same list a plain decode of that path sees; so the
+//! tree pass and the plain pass compute the same bits.
+
+/// Lanes of the reference order (one 512-bit register of f32).
+pub const LANES: usize = 16;
+
+pub use crate::exp::exp;
+
+/// The tree sum of 16 lanes: `l + 8`, then `l + 4`, `l + 2`, `l + 1`.
+#[inline(always)]
+pub fn reduce16(p: &[f32; LANES]) -> f32 {
+    let mut s8 = [0.0f32; 8];
+    for l in 0..8 {
+        s8[l] = p[l] + p[l + 8];
+    }
+    let mut s4 = [0.0f32; 4];
+    for l in 0..4 {
+        s4[l] = s8[l] + s8[l + 4];
+    }
+    let s2 = [s4[0] + s4[2], s4[1] + s4[3]];
+    s2[0] + s2[1]
+}
+
+/// q · k in the reference order (see the module notes), before the scale.
+#[inline(always)]
+pub fn dot(q: &[f32], k: &[f32]) -> f32 {
+    debug_assert_eq!(q.len(), k.len());
+    let hd = q.len();
+    let mut p = [0.0f32; LANES];
+    for c in 0..hd.div_ceil(LANES) {
+        for (l, acc) in p.iter_mut().enumerate() {
+            let d = c * LANES + l;
+            let (a, b) = if d < hd { (q[d], k[d]) } else { (0.0, 0.0) };
+            *acc = if c == 0 { a * b } else { a.mul_add(b, *acc) };
+        }
+    }
+    reduce16(&p)
+}
+
+/// `s[k] ← exp(s[k] − max)` and their sum, in the reference order.
+pub fn exp_sum(s: &mut [f32], max: f32) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    for chunk in s.chunks_mut(LANES) {
+        for (l, a) in acc.iter_mut().enumerate() {
+            let v = match chunk.get_mut(l) {
+                Some(x) => {
+                    *x = exp(*x - max);
+                    *x
+                }
+                None => 0.0,
+            };
+            *a += v;
+        }
+    }
+    reduce16(&acc)
+}
+
+/// Continues the two output chains of every value over keys `k0..k1`: `acc[0..hd]` (even key
+/// index) and `acc[hd..2hd]` (odd) get `fma(p_k, v_k[d], ·)`, key after key. The chains start
+/// at zero; a row's keys may come in several parts (shared committed blocks, then its path).
+pub fn weighted_part<'a>(
+    p: &[f32],
+    v: impl Fn(usize) -> &'a [f32],
+    k0: usize,
+    k1: usize,
+    acc: &mut [f32],
+) {
+    let hd = acc.len() / 2;
+    for (k, &w) in p.iter().enumerate().take(k1).skip(k0) {
+        let row = v(k);
+        for (a, &x) in acc[(k % 2) * hd..][..hd].iter_mut().zip(row) {
+            *a = w.mul_add(x, *a);
+        }
+    }
+}
+
+/// `out[d] = (even[d] + odd[d]) · inv`, the end of [`weighted_part`]'s chains.
+pub fn finish(acc: &[f32], inv: f32, out: &mut [f32]) {
+    let hd = out.len();
+    for (d, o) in out.iter_mut().enumerate() {
+        *o = (acc[d] + acc[hd + d]) * inv;
+    }
+}
