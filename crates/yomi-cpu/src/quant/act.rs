@@ -167,6 +167,11 @@ pub trait ActBlock: Copy + Default + Send + Sync + 'static {
     fn dequantize(&self, out: &mut [f32]);
     /// A row of these units as the kernels' activation argument.
     fn row(units: &[Self]) -> ActRow<'_>;
+    /// Quantizes rows with a vector kernel of this CPU where this block kind has one (bit for
+    /// bit [`ActBlock::fill`]); `false` when it has none.
+    fn quantize_rows_fast(_x: &[f32], _cols: usize, _out: &mut [Self]) -> bool {
+        false
+    }
 }
 
 /// The 32-block pairs as seen by the Q8_0/Q4_0/Q4_1 kernels: value `j` of block `h` is
@@ -286,6 +291,16 @@ impl ActBlock for PairQ8 {
     fn row(units: &[Self]) -> ActRow<'_> {
         ActRow::Q8(units)
     }
+    fn quantize_rows_fast(x: &[f32], cols: usize, out: &mut [Self]) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if super::act_x86::available() {
+            // SAFETY: the CPU has AVX-512 F (checked above).
+            unsafe { super::act_x86::quantize_pairs(x, cols, out) };
+            return true;
+        }
+        let _ = (x, cols, out);
+        false
+    }
 }
 
 impl ActBlock for PairQ8x2 {
@@ -321,6 +336,16 @@ impl ActBlock for PairQ8x2 {
     }
     fn row(units: &[Self]) -> ActRow<'_> {
         ActRow::Q8x2(units)
+    }
+    fn quantize_rows_fast(x: &[f32], cols: usize, out: &mut [Self]) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if super::act_x86::available() {
+            // SAFETY: the CPU has AVX-512 F (checked above).
+            unsafe { super::act_x86::quantize_pairs(x, cols, out) };
+            return true;
+        }
+        let _ = (x, cols, out);
+        false
     }
 }
 
@@ -498,6 +523,9 @@ fn check_rows<A: ActBlock>(x: &[f32], cols: usize) {
 pub fn quantize_rows<A: ActBlock>(x: &[f32], cols: usize, out: &mut Vec<A>) {
     check_rows::<A>(x, cols);
     out.resize(x.len() / cols * units_per_row::<A>(cols), A::default());
+    if A::quantize_rows_fast(x, cols, out) {
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if super::has_avx2() {
         // SAFETY: the CPU supports AVX2 (checked above).

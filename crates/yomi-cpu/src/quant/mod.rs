@@ -40,6 +40,8 @@
 //! [`Kernel::with_row_tiling`] selects the untiled path (same bits, for measurements).
 
 pub mod act;
+#[cfg(target_arch = "x86_64")]
+mod act_x86;
 pub mod formats;
 mod matvec;
 pub mod packed;

@@ -375,7 +375,8 @@ fn edge_acts() -> Vec<f32> {
     x
 }
 
-/// The SIMD and portable builds give identical blocks; no plane holds −128; the sums are the
+/// The SIMD (AVX-512 for the pairs where the CPU has it, else AVX2) and portable builds give
+/// identical blocks; no plane holds −128; the sums are the
 /// sums of the planes; and every value is within its bound of the input.
 fn check_act_kind<A: ActBlock + PartialEqBlock>(x: &[f32], p: Precision) {
     let (mut a, mut b) = (Vec::<A>::new(), Vec::<A>::new());
@@ -423,7 +424,8 @@ fn bits4(v: &[f32; 4]) -> [u32; 4] {
 
 impl PartialEqBlock for PairQ8 {
     fn same(&self, o: &Self) -> bool {
-        (bits4(&self.ds), self.sum, self.qs) == (bits4(&o.ds), o.sum, o.qs)
+        (bits4(&self.ds), self.sum, self.qs, self.q8_off, self.off128)
+            == (bits4(&o.ds), o.sum, o.qs, o.q8_off, o.off128)
     }
     fn check_invariants(&self) {
         assert!(no_m128(&self.qs));
@@ -437,7 +439,14 @@ impl PartialEqBlock for PairQ8 {
 
 impl PartialEqBlock for PairQ8x2 {
     fn same(&self, o: &Self) -> bool {
-        (bits4(&self.ds), self.sum, self.qs, self.qr) == (bits4(&o.ds), o.sum, o.qs, o.qr)
+        (
+            bits4(&self.ds),
+            self.sum,
+            self.qs,
+            self.qr,
+            self.q8_off,
+            self.off128,
+        ) == (bits4(&o.ds), o.sum, o.qs, o.qr, o.q8_off, o.off128)
     }
     fn check_invariants(&self) {
         assert!(no_m128(&self.qs) && no_m128(&self.qr));
