@@ -264,10 +264,9 @@ fn packed_run<A: Act32>(
             .max(8)
             .min(t);
         // Groups g0.. into `slab` ([group][T][16]); activation tiles outside, groups inside.
+        // The kernels prefetch the weight stream themselves, a block at a time (see
+        // `packed::x86`), rather than this task's whole range up front.
         let task = |g0: usize, slab: &mut [f32]| {
-            let n = slab.len() / (t * GROUP);
-            let start = g0 * gbytes;
-            prefetch_bytes(p.group_bytes(0, groups), start, start + n * gbytes);
             for t0 in (0..t).step_by(tile) {
                 let t1 = (t0 + tile).min(t);
                 let a = A::row(&acts[t0 * nb..t1 * nb]);
@@ -310,23 +309,4 @@ fn packed_run<A: Act32>(
             }
         }
     })
-}
-
-/// [`prefetch`] over a byte slice.
-#[inline]
-fn prefetch_bytes(bytes: &[u8], start: usize, end: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        let lo = (start + PREFETCH_AHEAD).min(bytes.len());
-        let hi = (end + PREFETCH_AHEAD).min(bytes.len());
-        let mut i = lo;
-        while i < hi {
-            // SAFETY: `prefetch` is only a hint and never faults; the address is in the slice.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(bytes.as_ptr().add(i) as *const i8) };
-            i += 64;
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (bytes, start, end);
 }
