@@ -1,0 +1,75 @@
+//! What a verify row costs: time of one model pass of T chain rows (all rows' logits, as tree
+//! verification asks) against a one-row pass, at a committed context, for any model yomi loads.
+//! Usage: cargo run --release -p yomi-engine --example verify_cost -- MODEL [CONTEXT] [T…]
+//! Prints per T the median pass time, its ratio to T = 1 and the marginal row cost
+//! r = (pass(T) / pass(1) − 1) / (T − 1), the figure that bounds speculative speed-up
+//! (at most (D + 1) / (1 + r·D) with D drafts, see bench/RESULTS.md).
+
+use std::path::Path;
+use std::time::Instant;
+use yomi_core::TreeBatch;
+use yomi_engine::{Engine, EngineOptions};
+use yomi_models::LogitRows;
+
+fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let path = args.next().ok_or_else(|| {
+        anyhow::anyhow!("usage: verify_cost MODEL [CONTEXT] [T…] (default 512, 1 2 4 8 16 32)")
+    })?;
+    let ctx: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(512);
+    let mut sizes: Vec<usize> = args.map(|a| a.parse()).collect::<Result<_, _>>()?;
+    if sizes.is_empty() {
+        sizes = vec![1, 2, 4, 8, 16, 32];
+    }
+    let engine = Engine::load(Path::new(&path), &EngineOptions::default(), &mut |_, _| {})?;
+    let model = &engine.model;
+    let vocab = model.cfg.vocab_size as u32;
+    let reps = 40;
+    println!("threads: {}, committed context: {ctx}", engine.threads());
+    println!("| T | µs per pass (median of {reps}) | pass(T) / pass(1) | r per extra row |");
+    println!("|---|---|---|---|");
+    engine.install(|| -> anyhow::Result<()> {
+        let mut st = engine.new_state();
+        let mut logits = Vec::new();
+        while st.committed() < ctx {
+            let n = (ctx - st.committed()).min(256);
+            let toks: Vec<u32> = (0..n)
+                .map(|i| ((st.committed() + i) as u32).wrapping_mul(2654435761) % vocab)
+                .collect();
+            model.forward(
+                &mut st,
+                &toks,
+                &TreeBatch::chain(n),
+                LogitRows::None,
+                &mut logits,
+            )?;
+            model.commit(&mut st, &(0..n).collect::<Vec<_>>())?;
+        }
+        let mut one = f64::NAN;
+        for &t in &sizes {
+            let batch = TreeBatch::chain(t);
+            let toks: Vec<u32> = (0..t as u32).map(|i| (i * 7919 + 11) % vocab).collect();
+            let mut times = Vec::with_capacity(reps);
+            for _ in 0..reps {
+                let t0 = Instant::now();
+                // A verify pass reads the committed state and writes none of it: no commit.
+                model.forward(&mut st, &toks, &batch, LogitRows::All, &mut logits)?;
+                times.push(t0.elapsed().as_secs_f64() * 1e6);
+            }
+            times.sort_by(f64::total_cmp);
+            let med = times[reps / 2];
+            if t == 1 {
+                one = med;
+            }
+            let ratio = med / one;
+            let r = if t > 1 {
+                (ratio - 1.0) / (t - 1) as f64
+            } else {
+                0.0
+            };
+            println!("| {t} | {med:.1} | {ratio:.2} | {r:.3} |");
+        }
+        Ok(())
+    })?;
+    Ok(())
+}
