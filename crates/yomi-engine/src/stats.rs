@@ -141,6 +141,9 @@ pub struct GenerationStats {
     pub generation_tokens_per_s: f64,
     pub verify_passes: usize,
     pub tokens_per_forward_pass: f64,
+    /// Draft tokens a verify pass checked on average (its tree rows after the root): with
+    /// `tokens_per_forward_pass`, how much of the drafting was accepted.
+    pub drafted_tokens_per_pass: f64,
     pub memory_bytes: Option<u64>,
     pub energy_j: Option<f64>,
     pub duration_s: f64,
@@ -179,8 +182,8 @@ impl fmt::Display for GenerationStats {
         )?;
         writeln!(
             f,
-            "tokens per pass:     {:.2} ({} verify passes)",
-            self.tokens_per_forward_pass, self.verify_passes
+            "tokens per pass:     {:.2} ({} verify passes, {:.2} drafted tokens per pass)",
+            self.tokens_per_forward_pass, self.verify_passes, self.drafted_tokens_per_pass
         )?;
         match self.memory_bytes {
             Some(b) => writeln!(f, "peak memory:         {}", format_bytes(b))?,
@@ -215,6 +218,7 @@ pub struct StatsRecorder {
     t_last: Option<f64>,
     generated: usize,
     verify_passes: usize,
+    drafted: usize,
     pass_tokens: usize,
     energy: EnergyMeter,
     memory_override: Option<Option<u64>>,
@@ -228,6 +232,7 @@ impl fmt::Debug for StatsRecorder {
             .field("prompt_tokens", &self.prompt_tokens)
             .field("generated", &self.generated)
             .field("verify_passes", &self.verify_passes)
+            .field("drafted", &self.drafted)
             .finish_non_exhaustive()
     }
 }
@@ -252,6 +257,7 @@ impl StatsRecorder {
             t_last: None,
             generated: 0,
             verify_passes: 0,
+            drafted: 0,
             pass_tokens: 0,
             energy: EnergyMeter::start(),
             memory_override: None,
@@ -305,6 +311,11 @@ impl StatsRecorder {
         }
     }
 
+    /// The verify pass about to be reported checked `n` draft tokens.
+    pub fn pass_drafted(&mut self, n: usize) {
+        self.drafted += n;
+    }
+
     /// Replaces the peak-RSS reading (e.g. with peak device memory on CUDA).
     pub fn set_memory_bytes(&mut self, bytes: Option<u64>) {
         self.memory_override = Some(bytes);
@@ -348,6 +359,7 @@ impl StatsRecorder {
             generation_tokens_per_s,
             verify_passes: self.verify_passes,
             tokens_per_forward_pass: ratio(self.pass_tokens as f64, self.verify_passes as f64),
+            drafted_tokens_per_pass: ratio(self.drafted as f64, self.verify_passes as f64),
             memory_bytes: self.memory_override.unwrap_or_else(peak_rss_bytes),
             energy_j: self.energy_override.unwrap_or_else(|| self.energy.joules()),
             duration_s: now - self.t_start,
@@ -387,10 +399,13 @@ mod tests {
         set(300);
         r.first_token(); // TTFT 0.3 s
         set(400);
+        r.pass_drafted(5);
         r.pass_emitted(3);
         set(500);
+        r.pass_drafted(0);
         r.pass_emitted(1);
         set(700);
+        r.pass_drafted(4);
         r.pass_emitted(4);
         set(900);
         r.set_memory_bytes(Some(1234));
@@ -404,6 +419,7 @@ mod tests {
         assert!(close(s.generation_tokens_per_s, 20.0), "{s:?}");
         assert_eq!(s.verify_passes, 3);
         assert!(close(s.tokens_per_forward_pass, 8.0 / 3.0), "{s:?}");
+        assert!(close(s.drafted_tokens_per_pass, 3.0), "{s:?}");
         assert_eq!(s.memory_bytes, Some(1234));
         assert_eq!(s.energy_j, Some(5.5));
         assert!(close(s.duration_s, 0.9), "{s:?}");
@@ -478,6 +494,7 @@ mod tests {
                 "generation_tokens_per_s",
                 "verify_passes",
                 "tokens_per_forward_pass",
+                "drafted_tokens_per_pass",
                 "memory_bytes",
                 "energy_j",
                 "duration_s"
