@@ -1,0 +1,58 @@
+//! Tree attention time per call at SmolLM2-135M shapes (9 query / 3 KV heads of 64) for a
+//! chain of T rows over a committed context, on each instruction set of this CPU.
+//! Usage: cargo run --release -p yomi-cpu --example attn_bench -- [CONTEXT] [T…]
+//! (`ATTN_ISA=Avx512` runs one instruction set only.)
+
+use std::time::Instant;
+use yomi_core::TreeBatch;
+use yomi_cpu::attention::{AttnIsa, AttnShape, attention_tree_with};
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let ctx: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(512);
+    let mut ts: Vec<usize> = args.filter_map(|a| a.parse().ok()).collect();
+    if ts.is_empty() {
+        ts = vec![1, 2, 4, 8, 16];
+    }
+    let shape = AttnShape {
+        n_heads: 9,
+        n_kv: 3,
+        head_dim: 64,
+    };
+    let pool = rayon::ThreadPoolBuilder::new().build().expect("pool");
+    println!("threads: {}, context {ctx}", pool.current_num_threads());
+    println!("| isa | T | µs per call (median of 200) | µs per row |");
+    println!("|---|---|---|---|");
+    let only = std::env::var("ATTN_ISA").ok();
+    for isa in AttnIsa::ALL
+        .into_iter()
+        .filter(|i| i.is_supported() && only.as_deref().is_none_or(|o| o == format!("{i:?}")))
+    {
+        for &t in &ts {
+            let stride = shape.n_kv * shape.head_dim;
+            let cap = ctx + t;
+            let k: Vec<f32> = (0..cap * stride)
+                .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+                .collect();
+            let v: Vec<f32> = (0..cap * stride)
+                .map(|i| ((i * 104729) % 1000) as f32 / 1000.0 - 0.5)
+                .collect();
+            let q: Vec<f32> = (0..t * shape.n_heads * shape.head_dim)
+                .map(|i| ((i * 31) % 97) as f32 / 97.0 - 0.5)
+                .collect();
+            let mut out = vec![0.0; q.len()];
+            let tree = TreeBatch::chain(t);
+            let mut times = Vec::new();
+            pool.install(|| {
+                for _ in 0..200 {
+                    let t0 = Instant::now();
+                    attention_tree_with(isa, &q, &k, &v, ctx, &tree, shape, 0.125, &mut out);
+                    times.push(t0.elapsed().as_secs_f64() * 1e6);
+                }
+            });
+            times.sort_by(f64::total_cmp);
+            let med = times[times.len() / 2];
+            println!("| {isa:?} | {t} | {med:.1} | {:.1} |", med / t as f64);
+        }
+    }
+}
