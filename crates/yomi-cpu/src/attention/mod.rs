@@ -15,6 +15,8 @@ use std::cell::RefCell;
 use yomi_core::TreeBatch;
 
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 pub mod lanes;
 
@@ -93,50 +95,26 @@ impl Lanes for Portable {
     }
 }
 
-/// [`Portable`] compiled for AVX2 + FMA (LLVM vectorises the lane loops; `mul_add` is one
-/// instruction), for CPUs without AVX-512. Only chosen when the CPU has both.
+/// The AVX2 + FMA kernels ([`avx2`]), for CPUs without AVX-512. Only chosen when the CPU has
+/// both.
 #[cfg(target_arch = "x86_64")]
 struct Avx2Fma;
-
-#[cfg(target_arch = "x86_64")]
-mod avx2_fma {
-    use super::{Keys, lanes};
-
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn scores16(q: &[f32], keys: &Keys, k0: usize, scale: f32, out: &mut [f32]) {
-        for (j, o) in out[..lanes::LANES].iter_mut().enumerate() {
-            *o = lanes::dot(q, keys.row(k0 + j)) * scale;
-        }
-    }
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn score1(q: &[f32], k: &[f32], scale: f32) -> f32 {
-        lanes::dot(q, k) * scale
-    }
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn exp_sum(s: &mut [f32], max: f32) -> f32 {
-        lanes::exp_sum(s, max)
-    }
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn weighted_part(p: &[f32], values: &Keys, k0: usize, k1: usize, acc: &mut [f32]) {
-        lanes::weighted_part(p, |k| values.row(k), k0, k1, acc)
-    }
-}
 
 // SAFETY (both impls below): `Avx2Fma` and `Avx512` are only used by `attention_tree_with`
 // for an `AttnIsa` that `AttnIsa::is_supported` confirmed on this CPU.
 #[cfg(target_arch = "x86_64")]
 impl Lanes for Avx2Fma {
     fn scores16(q: &[f32], keys: &Keys, k0: usize, scale: f32, out: &mut [f32]) {
-        unsafe { avx2_fma::scores16(q, keys, k0, scale, out) }
+        unsafe { avx2::scores16(q, keys, k0, scale, out) }
     }
     fn score1(q: &[f32], k: &[f32], scale: f32) -> f32 {
-        unsafe { avx2_fma::score1(q, k, scale) }
+        unsafe { avx2::score1(q, k, scale) }
     }
     fn exp_sum(s: &mut [f32], max: f32) -> f32 {
-        unsafe { avx2_fma::exp_sum(s, max) }
+        unsafe { avx2::exp_sum(s, max) }
     }
     fn weighted_part(p: &[f32], values: &Keys, k0: usize, k1: usize, acc: &mut [f32]) {
-        unsafe { avx2_fma::weighted_part(p, values, k0, k1, acc) }
+        unsafe { avx2::weighted_part(p, values, k0, k1, acc) }
     }
 }
 
