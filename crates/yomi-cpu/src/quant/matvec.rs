@@ -59,6 +59,16 @@ fn with_scratch<T, R>(
     })
 }
 
+/// The first `n` values of `v`, growing it (never shrinking) so that alternating sizes (a
+/// 49152-row LM head, then 576-row layers) do not zero megabytes on the calling thread per
+/// call while the pool waits; every value handed out is overwritten before it is read.
+fn grown(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+    &mut v[..n]
+}
+
 /// `out[T, rows] = x[T, cols] · Wᵀ` with the best kernels of this CPU (no bias).
 pub(crate) fn linear_quant(
     x: &[f32],
@@ -178,7 +188,7 @@ fn run<A: ActBlock>(
         .max(ACT_TILE_ROUND)
         .min(t);
     with_scratch(&OUT_T, |ot| {
-        ot.resize(rows * t, 0.0);
+        let ot = grown(ot, rows * t);
         ot.par_chunks_mut(ROWS_PER_TASK * t)
             .with_min_len(min_len)
             .enumerate()
@@ -284,7 +294,7 @@ fn packed_run<A: Act32>(
                 .for_each(|(g, o)| task(g, o));
         } else {
             with_scratch(&OUT_T, |ot| {
-                ot.resize(groups * t * GROUP, 0.0);
+                let ot = grown(ot, groups * t * GROUP);
                 ot.par_chunks_mut(t * GROUP)
                     .with_min_len(min_len)
                     .enumerate()
