@@ -260,9 +260,18 @@ fn packed_run<A: Act32>(
         let gbytes = GROUP * p.row_bytes();
         let min_len = (MIN_BYTES_PER_JOB / gbytes.max(1)).max(1);
         let unit_bytes = std::mem::size_of::<A>() * nb;
-        let tile = (PACKED_ACT_TILE_BYTES / unit_bytes.max(1) / 8 * 8)
-            .max(8)
-            .min(t);
+        // With AMX, a tile is 16 rows (one tile product) whatever the row size: the tile
+        // products read the activations straight from L2 and their fixed cost per block wants
+        // the tallest tiles.
+        let tile = if kernel.amx() {
+            (PACKED_ACT_TILE_BYTES / unit_bytes.max(1) / 16 * 16)
+                .max(16)
+                .min(t)
+        } else {
+            (PACKED_ACT_TILE_BYTES / unit_bytes.max(1) / 8 * 8)
+                .max(8)
+                .min(t)
+        };
         // Groups g0.. into `slab` ([group][T][16]); activation tiles outside, groups inside.
         let task = |g0: usize, slab: &mut [f32]| {
             let n = slab.len() / (t * GROUP);

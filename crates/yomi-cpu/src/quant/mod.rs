@@ -40,6 +40,8 @@
 //! [`Kernel::with_row_tiling`] selects the untiled path (same bits, for measurements).
 
 pub mod act;
+#[cfg(target_arch = "x86_64")]
+pub mod amx;
 pub mod formats;
 mod matvec;
 pub mod packed;
@@ -378,6 +380,35 @@ fn row_tiling_default() -> bool {
     })
 }
 
+/// `YOMI_QUANT_AMX` (read once): `off` keeps [`Kernel::best`] and [`Kernel::new`] off the
+/// AMX tile kernel of the packed layout (see [`amx`]); anything else (or nothing) uses it where
+/// the CPU and the OS allow.
+fn amx_default() -> bool {
+    static ENV: OnceLock<bool> = OnceLock::new();
+    *ENV.get_or_init(|| match std::env::var("YOMI_QUANT_AMX") {
+        Ok(v) if v.trim() == "off" => false,
+        Ok(v) if v.trim() != "on" => {
+            eprintln!("yomi: ignoring YOMI_QUANT_AMX={v:?} (expected off or on); on");
+            true
+        }
+        _ => true,
+    })
+}
+
+/// Whether AMX can run the packed kernels next to `isa` (only with AVX-512-VNNI, whose
+/// epilogue and fallbacks it shares).
+fn amx_supported(isa: Isa) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        isa == Isa::Avx512Vnni && amx::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        false
+    }
+}
+
 /// One quantized activation row, of the kind the weight type and precision need.
 #[derive(Clone, Copy, Debug)]
 pub enum ActRow<'a> {
@@ -401,6 +432,9 @@ pub struct Kernel {
     /// activation rows sharing each unpacked weight block) or, as before it existed, one
     /// [`Kernel::dot`] per (weight row, activation row). Both give the same bits.
     row_tiling: bool,
+    /// Whether [`Kernel::packed_group`] runs [`amx::MIN_ROWS`] or more activation rows on the
+    /// AMX tiles (only ever set where [`amx::available`] said yes, with AVX-512-VNNI).
+    amx: bool,
 }
 
 impl Kernel {
@@ -410,15 +444,18 @@ impl Kernel {
             isa,
             precision: Precision::current(),
             row_tiling: row_tiling_default(),
+            amx: amx_default() && amx_supported(isa),
         })
     }
 
     /// The best kernels for this CPU, at [`Precision::current`].
     pub fn best() -> Kernel {
+        let isa = Isa::detect();
         Kernel {
-            isa: Isa::detect(),
+            isa,
             precision: Precision::current(),
             row_tiling: row_tiling_default(),
+            amx: amx_default() && amx_supported(isa),
         }
     }
 
@@ -437,6 +474,22 @@ impl Kernel {
     /// `YOMI_QUANT_ROWS=per-row` turns it off for [`Kernel::best`] and [`Kernel::new`]).
     pub fn row_tiling(self) -> bool {
         self.row_tiling
+    }
+
+    /// The same kernels with the AMX packed kernel on (where this CPU, the OS and the
+    /// instruction set allow it: AVX-512-VNNI with AMX-TILE and AMX-INT8) or off. Both give the
+    /// same bits; [`Kernel::amx`] says which one runs.
+    pub fn with_amx(self, on: bool) -> Kernel {
+        Kernel {
+            amx: on && amx_supported(self.isa),
+            ..self
+        }
+    }
+
+    /// Whether [`Kernel::packed_group`] uses the AMX tiles for [`amx::MIN_ROWS`] or more
+    /// activation rows (default: wherever available, unless `YOMI_QUANT_AMX=off`).
+    pub fn amx(self) -> bool {
+        self.amx
     }
 
     pub fn isa(self) -> Isa {
@@ -616,6 +669,12 @@ impl Kernel {
                     packed::group_scalar(ty, w, ar, o);
                 }
             }
+            // SAFETY: `amx` is only set where `amx::available()` said yes; the lengths were
+            // checked above.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni if self.amx && n >= amx::MIN_ROWS => unsafe {
+                amx::group(ty, w, a, n, out)
+            },
             // SAFETY: `isa` comes from a `Kernel`, which only exists for supported instruction
             // sets; the lengths were checked above.
             #[cfg(target_arch = "x86_64")]
