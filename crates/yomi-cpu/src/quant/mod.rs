@@ -492,6 +492,17 @@ impl Kernel {
         self.amx
     }
 
+    /// Whether [`Kernel::packed_group`] runs `n` activation rows on the AMX tiles.
+    pub fn amx_rows(self, n: usize) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return self.amx && n >= amx::MIN_ROWS;
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = n;
+            false
+        }
+    }
+
     pub fn isa(self) -> Isa {
         self.isa
     }
@@ -646,22 +657,85 @@ impl Kernel {
         }
     }
 
-    fn packed_group32<A: Act32>(self, ty: QuantType, w: &[u8], a: &[A], n: usize, out: &mut [f32]) {
+    /// [`Kernel::packed_group`] for `ng` consecutive groups (`w`: their bytes, back to back):
+    /// the outputs of group k at `out[k·ostride..]` (`ostride ≥ n · 16`). One call lets the AMX
+    /// kernel repack the activations and load its tile configuration once for all the groups.
+    #[allow(clippy::too_many_arguments)]
+    pub fn packed_groups(
+        self,
+        ty: QuantType,
+        w: &[u8],
+        ng: usize,
+        a: ActRow<'_>,
+        n: usize,
+        out: &mut [f32],
+        ostride: usize,
+    ) {
+        match a {
+            ActRow::Q8(a) => self.packed_groups32(ty, w, ng, a, n, out, ostride),
+            ActRow::Q8x2(a) => self.packed_groups32(ty, w, ng, a, n, out, ostride),
+            _ => panic!("Kernel::packed_groups: {ty} needs 32-block activation pairs"),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn packed_groups32<A: Act32>(
+        self,
+        ty: QuantType,
+        w: &[u8],
+        ng: usize,
+        a: &[A],
+        n: usize,
+        out: &mut [f32],
+        ostride: usize,
+    ) {
+        assert!(
+            ng > 0
+                && n > 0
+                && ostride >= n * packed::GROUP
+                && w.len().is_multiple_of(ng)
+                && out.len() >= (ng - 1) * ostride + n * packed::GROUP,
+            "Kernel::packed_groups: lengths do not fit ({ty}, {} weight bytes, {ng} groups, \
+             {n} rows, {} outputs, stride {ostride})",
+            w.len(),
+            out.len()
+        );
+        let gbytes = w.len() / ng;
+        #[cfg(target_arch = "x86_64")]
+        if self.isa == Isa::Avx512Vnni && self.amx_rows(n) {
+            // The same length checks as `packed_group32`, on the first group.
+            let w0 = &w[..gbytes];
+            self.check_group(ty, w0, a, n, out.len().min(n * packed::GROUP));
+            // SAFETY: `amx` is only set where `amx::available()` said yes; the lengths were
+            // checked above (every group has the first one's length).
+            unsafe { amx::groups(ty, w, ng, a, n, out, ostride) };
+            return;
+        }
+        for k in 0..ng {
+            let o = &mut out[k * ostride..k * ostride + n * packed::GROUP];
+            self.packed_group32(ty, &w[k * gbytes..(k + 1) * gbytes], a, n, o);
+        }
+    }
+
+    fn check_group<A: Act32>(self, ty: QuantType, w: &[u8], a: &[A], n: usize, outs: usize) {
         assert!(
             PackedQuant::supports(ty)
                 && n > 0
                 && a.len().is_multiple_of(n)
-                && out.len() >= n * packed::GROUP
+                && outs >= n * packed::GROUP
                 && w.len().is_multiple_of(packed::GROUP * ty.type_size())
                 && w.len() / (packed::GROUP * ty.type_size())
                     == (a.len() / n) * 2
                         - usize::from(w.len() / (packed::GROUP * ty.type_size()) % 2 == 1),
             "Kernel::packed_group: lengths do not fit ({ty}, {} weight bytes, {} pairs, {n} \
-             rows, {} outputs)",
+             rows, {outs} outputs)",
             w.len(),
             a.len(),
-            out.len()
         );
+    }
+
+    fn packed_group32<A: Act32>(self, ty: QuantType, w: &[u8], a: &[A], n: usize, out: &mut [f32]) {
+        self.check_group(ty, w, a, n, out.len());
         match self.isa {
             Isa::Scalar => {
                 let nb2 = a.len() / n;
@@ -672,9 +746,7 @@ impl Kernel {
             // SAFETY: `amx` is only set where `amx::available()` said yes; the lengths were
             // checked above.
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Vnni if self.amx && n >= amx::MIN_ROWS => unsafe {
-                amx::group(ty, w, a, n, out)
-            },
+            Isa::Avx512Vnni if self.amx_rows(n) => unsafe { amx::group(ty, w, a, n, out) },
             // SAFETY: `isa` comes from a `Kernel`, which only exists for supported instruction
             // sets; the lengths were checked above.
             #[cfg(target_arch = "x86_64")]
