@@ -4,7 +4,14 @@
 //! see `yomi_cpu::quant::Kernel::dot_rows`), on 1 and 2 rayon threads.
 //!
 //! `cargo run --release -p yomi-cpu --example quant_rows [-- ROUNDS [TYPE]]` (TYPE, e.g. `Q4_1`,
-//! keeps only that weight type's cases)
+//! keeps only that weight type's cases; `all` keeps every type)
+//!
+//! `cargo run --release -p yomi-cpu --example quant_rows -- ROUNDS TYPE amx` instead times the
+//! packed AVX-512-VNNI kernel against the AMX tile kernel (`yomi_cpu::quant::amx`) on one rayon
+//! thread (CPU time), for T = 1, 2, 3, 4, 5, 6, 8, 12, 16, 32 at the SmolLM2-135M
+//! shapes (576×576, 192×576, 1536×576, 576×1536, 49152×576), with the cost of an extra row
+//! `(time(T) / time(1) − 1) / (T − 1)` of each path (T = 1 runs the AVX-512 kernel on both
+//! paths: AMX is only used from `amx::MIN_ROWS` rows). It checks that both give the same bits.
 //!
 //! Shapes: SmolLM2-135M (hidden 576, FFN 1536: gate/up are [1536, 576], down [576, 1536]) in
 //! Q4_1 and Q8_0, and a 4096×4096 Q4_K projection. Activations at the process precision
@@ -86,7 +93,10 @@ fn main() {
         .map(|a| a.parse().expect("ROUNDS: a positive integer"))
         .unwrap_or(7)
         .max(1);
-    let only = std::env::args().nth(2);
+    let only = std::env::args().nth(2).filter(|o| o != "all");
+    if std::env::args().nth(3).as_deref() == Some("amx") {
+        return amx_table(rounds, only.as_deref());
+    }
     let kernel = Kernel::best();
     println!(
         "quant_rows: kernels {:?}, activations {}, min of {rounds} rounds; µs per call, \
@@ -187,6 +197,93 @@ fn main() {
                     pk * 1e6,
                     pk / best[2][0],
                     new / pk
+                );
+            }
+        }
+    }
+}
+
+/// The `amx` mode (see the module notes): packed AVX-512-VNNI against AMX, per T.
+fn amx_table(rounds: usize, only: Option<&str>) {
+    const TS_AMX: [usize; 10] = [1, 2, 3, 4, 5, 6, 8, 12, 16, 32];
+    let Some(base) = Kernel::new(yomi_cpu::quant::Isa::Avx512Vnni) else {
+        println!("quant_rows amx: this CPU has no AVX-512-VNNI");
+        return;
+    };
+    let (plain, amx) = (base.with_amx(false), base.with_amx(true));
+    if !amx.amx() {
+        println!("quant_rows amx: AMX-INT8 is not available on this CPU/OS");
+        return;
+    }
+    println!(
+        "quant_rows amx: activations {}, 1 thread (CPU time), min of {rounds} rounds; µs per \
+         call; extra = (time(T)/time(1) − 1)/(T − 1)",
+        Precision::current()
+    );
+    println!(
+        "{:<5} {:>10} {:>4} | {:>10} {:>7} | {:>10} {:>7} | {:>7}",
+        "type", "rows×cols", "T", "avx512 µs", "extra", "amx µs", "extra", "speed-up"
+    );
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("rayon pool");
+    for ty in [QuantType::Q4_1, QuantType::Q8_0] {
+        if only.is_some_and(|o| o != ty.name()) {
+            continue;
+        }
+        for (rows, cols) in [
+            (576, 576),
+            (192, 576),
+            (1536, 576),
+            (576, 1536),
+            (49152, 576),
+        ] {
+            let q = QuantData::quantize(ty, rows, cols, &lcg(1, rows * cols));
+            let p = PackedQuant::from_ggml(&q, rows, cols).expect("packable");
+            let tmax = *TS_AMX.last().expect("T values");
+            let x = lcg(2, tmax * cols);
+            let (mut out, mut other) = (vec![0.0f32; tmax * rows], vec![0.0f32; tmax * rows]);
+            linear_packed_with(plain, &x, tmax, &p, &mut out);
+            linear_packed_with(amx, &x, tmax, &p, &mut other);
+            assert!(
+                out.iter()
+                    .zip(&other)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{ty}: AMX and AVX-512 disagree"
+            );
+            let mut best = [[f64::INFINITY; TS_AMX.len()]; 2];
+            pool.install(|| {
+                for _ in 0..rounds {
+                    for (ti, &t) in TS_AMX.iter().enumerate() {
+                        for (k, bp) in [plain, amx].into_iter().zip(best.iter_mut()) {
+                            let s = batch(true, || {
+                                linear_packed_with(k, &x[..t * cols], t, &p, &mut out[..t * rows]);
+                                black_box(&out);
+                            });
+                            bp[ti] = bp[ti].min(s);
+                        }
+                    }
+                }
+            });
+            let extra = |b: &[f64; TS_AMX.len()], ti: usize, t: usize| {
+                if t == 1 {
+                    0.0
+                } else {
+                    (b[ti] / b[0] - 1.0) / (t - 1) as f64
+                }
+            };
+            for (ti, &t) in TS_AMX.iter().enumerate() {
+                println!(
+                    "{:<5} {:>10} {:>4} | {:>10.1} {:>7.3} | {:>10.1} {:>7.3} | {:>6.2}×",
+                    ty.name(),
+                    format!("{rows}×{cols}"),
+                    t,
+                    best[0][ti] * 1e6,
+                    extra(&best[0], ti, t),
+                    best[1][ti] * 1e6,
+                    extra(&best[1], ti, t),
+                    best[0][ti] / best[1][ti]
                 );
             }
         }

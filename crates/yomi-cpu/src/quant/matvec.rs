@@ -236,6 +236,9 @@ pub(crate) fn linear_packed(x: &[f32], t: usize, p: &PackedQuant, out: &mut [f32
 /// of a task passes over it (at least a register tile of 8).
 const PACKED_ACT_TILE_BYTES: usize = 32 * 1024;
 
+/// Most weight bytes of one job of the packed kernels with T > 1 (see `packed_run`).
+const PACKED_JOB_BYTES: usize = 256 * 1024;
+
 /// `linear_packed` with a chosen kernel set: T activation rows quantized once, groups of 16
 /// weight rows split over the pool, each group dotted with every activation row by
 /// [`Kernel::packed_group`] (whatever T, the same bits per output); the rows past the last
@@ -270,20 +273,27 @@ fn packed_run<A: Act32>(
         let gbytes = GROUP * p.row_bytes();
         let min_len = (MIN_BYTES_PER_JOB / gbytes.max(1)).max(1);
         let unit_bytes = std::mem::size_of::<A>() * nb;
-        let tile = (PACKED_ACT_TILE_BYTES / unit_bytes.max(1) / 8 * 8)
-            .max(8)
-            .min(t);
+        // With AMX, a tile is 16 rows (one tile product) whatever the row size: the tile
+        // instructions' fixed cost per block wants the tallest tiles.
+        let tile = if kernel.amx() {
+            (PACKED_ACT_TILE_BYTES / unit_bytes.max(1) / 16 * 16)
+                .max(16)
+                .min(t)
+        } else {
+            (PACKED_ACT_TILE_BYTES / unit_bytes.max(1) / 8 * 8)
+                .max(8)
+                .min(t)
+        };
         // Groups g0.. into `slab` ([group][T][16]); activation tiles outside, groups inside.
         // The kernels prefetch the weight stream themselves, a block at a time (see
         // `packed::x86`), rather than this task's whole range up front.
         let task = |g0: usize, slab: &mut [f32]| {
+            let n = slab.len() / (t * GROUP);
             for t0 in (0..t).step_by(tile) {
                 let t1 = (t0 + tile).min(t);
                 let a = A::row(&acts[t0 * nb..t1 * nb]);
-                for (k, o) in slab.chunks_exact_mut(t * GROUP).enumerate() {
-                    let w = p.group_bytes(g0 + k, g0 + k + 1);
-                    kernel.packed_group(ty, w, a, t1 - t0, &mut o[t0 * GROUP..t1 * GROUP]);
-                }
+                let w = p.group_bytes(g0, g0 + n);
+                kernel.packed_groups(ty, w, n, a, t1 - t0, &mut slab[t0 * GROUP..], t * GROUP);
             }
         };
         if t == 1 {
@@ -293,12 +303,20 @@ fn packed_run<A: Act32>(
                 .enumerate()
                 .for_each(|(g, o)| task(g, o));
         } else {
+            // Jobs of a run of groups (a few per thread): the AMX kernel repacks the
+            // activations and loads its tile configuration once per call, and fewer, longer
+            // jobs help the AVX-512 kernel too. At most `PACKED_JOB_BYTES` of weights, so that
+            // a job's weights stay in L2 while its activation tiles go by.
+            let per = min_len
+                .max(groups.div_ceil(4 * rayon::current_num_threads()))
+                .min(PACKED_JOB_BYTES / gbytes.max(1))
+                .max(1);
             with_scratch(&OUT_T, |ot| {
                 let ot = grown(ot, groups * t * GROUP);
-                ot.par_chunks_mut(t * GROUP)
-                    .with_min_len(min_len)
+                ot.par_chunks_mut(per * t * GROUP)
+                    .with_min_len(min_len.div_ceil(per))
                     .enumerate()
-                    .for_each(|(g, o)| task(g, o));
+                    .for_each(|(j, o)| task(j * per, o));
                 let ot = &ot[..];
                 out.par_chunks_mut(rows)
                     .with_min_len((4096 / rows).max(1))

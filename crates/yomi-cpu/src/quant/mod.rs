@@ -42,6 +42,8 @@
 pub mod act;
 #[cfg(target_arch = "x86_64")]
 mod act_x86;
+#[cfg(target_arch = "x86_64")]
+pub mod amx;
 pub mod formats;
 mod matvec;
 pub mod packed;
@@ -380,6 +382,35 @@ fn row_tiling_default() -> bool {
     })
 }
 
+/// `YOMI_QUANT_AMX` (read once): `off` keeps [`Kernel::best`] and [`Kernel::new`] off the
+/// AMX tile kernel of the packed layout (see [`amx`]); anything else (or nothing) uses it where
+/// the CPU and the OS allow.
+fn amx_default() -> bool {
+    static ENV: OnceLock<bool> = OnceLock::new();
+    *ENV.get_or_init(|| match std::env::var("YOMI_QUANT_AMX") {
+        Ok(v) if v.trim() == "off" => false,
+        Ok(v) if v.trim() != "on" => {
+            eprintln!("yomi: ignoring YOMI_QUANT_AMX={v:?} (expected off or on); on");
+            true
+        }
+        _ => true,
+    })
+}
+
+/// Whether AMX can run the packed kernels next to `isa` (only with AVX-512-VNNI, whose
+/// epilogue and fallbacks it shares).
+fn amx_supported(isa: Isa) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        isa == Isa::Avx512Vnni && amx::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        false
+    }
+}
+
 /// One quantized activation row, of the kind the weight type and precision need.
 #[derive(Clone, Copy, Debug)]
 pub enum ActRow<'a> {
@@ -403,6 +434,9 @@ pub struct Kernel {
     /// activation rows sharing each unpacked weight block) or, as before it existed, one
     /// [`Kernel::dot`] per (weight row, activation row). Both give the same bits.
     row_tiling: bool,
+    /// Whether [`Kernel::packed_group`] runs [`amx::MIN_ROWS`] or more activation rows on the
+    /// AMX tiles (only ever set where [`amx::available`] said yes, with AVX-512-VNNI).
+    amx: bool,
 }
 
 impl Kernel {
@@ -412,15 +446,18 @@ impl Kernel {
             isa,
             precision: Precision::current(),
             row_tiling: row_tiling_default(),
+            amx: amx_default() && amx_supported(isa),
         })
     }
 
     /// The best kernels for this CPU, at [`Precision::current`].
     pub fn best() -> Kernel {
+        let isa = Isa::detect();
         Kernel {
-            isa: Isa::detect(),
+            isa,
             precision: Precision::current(),
             row_tiling: row_tiling_default(),
+            amx: amx_default() && amx_supported(isa),
         }
     }
 
@@ -439,6 +476,33 @@ impl Kernel {
     /// `YOMI_QUANT_ROWS=per-row` turns it off for [`Kernel::best`] and [`Kernel::new`]).
     pub fn row_tiling(self) -> bool {
         self.row_tiling
+    }
+
+    /// The same kernels with the AMX packed kernel on (where this CPU, the OS and the
+    /// instruction set allow it: AVX-512-VNNI with AMX-TILE and AMX-INT8) or off. Both give the
+    /// same bits; [`Kernel::amx`] says which one runs.
+    pub fn with_amx(self, on: bool) -> Kernel {
+        Kernel {
+            amx: on && amx_supported(self.isa),
+            ..self
+        }
+    }
+
+    /// Whether [`Kernel::packed_group`] uses the AMX tiles for [`amx::MIN_ROWS`] or more
+    /// activation rows (default: wherever available, unless `YOMI_QUANT_AMX=off`).
+    pub fn amx(self) -> bool {
+        self.amx
+    }
+
+    /// Whether [`Kernel::packed_group`] runs `n` activation rows on the AMX tiles.
+    pub fn amx_rows(self, n: usize) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return self.amx && n >= amx::MIN_ROWS;
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = n;
+            false
+        }
     }
 
     pub fn isa(self) -> Isa {
@@ -595,22 +659,85 @@ impl Kernel {
         }
     }
 
-    fn packed_group32<A: Act32>(self, ty: QuantType, w: &[u8], a: &[A], n: usize, out: &mut [f32]) {
+    /// [`Kernel::packed_group`] for `ng` consecutive groups (`w`: their bytes, back to back):
+    /// the outputs of group k at `out[k·ostride..]` (`ostride ≥ n · 16`). One call lets the AMX
+    /// kernel repack the activations and load its tile configuration once for all the groups.
+    #[allow(clippy::too_many_arguments)]
+    pub fn packed_groups(
+        self,
+        ty: QuantType,
+        w: &[u8],
+        ng: usize,
+        a: ActRow<'_>,
+        n: usize,
+        out: &mut [f32],
+        ostride: usize,
+    ) {
+        match a {
+            ActRow::Q8(a) => self.packed_groups32(ty, w, ng, a, n, out, ostride),
+            ActRow::Q8x2(a) => self.packed_groups32(ty, w, ng, a, n, out, ostride),
+            _ => panic!("Kernel::packed_groups: {ty} needs 32-block activation pairs"),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn packed_groups32<A: Act32>(
+        self,
+        ty: QuantType,
+        w: &[u8],
+        ng: usize,
+        a: &[A],
+        n: usize,
+        out: &mut [f32],
+        ostride: usize,
+    ) {
+        assert!(
+            ng > 0
+                && n > 0
+                && ostride >= n * packed::GROUP
+                && w.len().is_multiple_of(ng)
+                && out.len() >= (ng - 1) * ostride + n * packed::GROUP,
+            "Kernel::packed_groups: lengths do not fit ({ty}, {} weight bytes, {ng} groups, \
+             {n} rows, {} outputs, stride {ostride})",
+            w.len(),
+            out.len()
+        );
+        let gbytes = w.len() / ng;
+        #[cfg(target_arch = "x86_64")]
+        if self.isa == Isa::Avx512Vnni && self.amx_rows(n) {
+            // The same length checks as `packed_group32`, on the first group.
+            let w0 = &w[..gbytes];
+            self.check_group(ty, w0, a, n, out.len().min(n * packed::GROUP));
+            // SAFETY: `amx` is only set where `amx::available()` said yes; the lengths were
+            // checked above (every group has the first one's length).
+            unsafe { amx::groups(ty, w, ng, a, n, out, ostride) };
+            return;
+        }
+        for k in 0..ng {
+            let o = &mut out[k * ostride..k * ostride + n * packed::GROUP];
+            self.packed_group32(ty, &w[k * gbytes..(k + 1) * gbytes], a, n, o);
+        }
+    }
+
+    fn check_group<A: Act32>(self, ty: QuantType, w: &[u8], a: &[A], n: usize, outs: usize) {
         assert!(
             PackedQuant::supports(ty)
                 && n > 0
                 && a.len().is_multiple_of(n)
-                && out.len() >= n * packed::GROUP
+                && outs >= n * packed::GROUP
                 && w.len().is_multiple_of(packed::GROUP * ty.type_size())
                 && w.len() / (packed::GROUP * ty.type_size())
                     == (a.len() / n) * 2
                         - usize::from(w.len() / (packed::GROUP * ty.type_size()) % 2 == 1),
             "Kernel::packed_group: lengths do not fit ({ty}, {} weight bytes, {} pairs, {n} \
-             rows, {} outputs)",
+             rows, {outs} outputs)",
             w.len(),
             a.len(),
-            out.len()
         );
+    }
+
+    fn packed_group32<A: Act32>(self, ty: QuantType, w: &[u8], a: &[A], n: usize, out: &mut [f32]) {
+        self.check_group(ty, w, a, n, out.len());
         match self.isa {
             Isa::Scalar => {
                 let nb2 = a.len() / n;
@@ -618,6 +745,10 @@ impl Kernel {
                     packed::group_scalar(ty, w, ar, o);
                 }
             }
+            // SAFETY: `amx` is only set where `amx::available()` said yes; the lengths were
+            // checked above.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni if self.amx_rows(n) => unsafe { amx::group(ty, w, a, n, out) },
             // SAFETY: `isa` comes from a `Kernel`, which only exists for supported instruction
             // sets; the lengths were checked above.
             #[cfg(target_arch = "x86_64")]

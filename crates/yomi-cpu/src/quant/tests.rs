@@ -1034,6 +1034,31 @@ fn supported_isas() -> Vec<Isa> {
     Isa::ALL.into_iter().filter(|i| i.is_supported()).collect()
 }
 
+/// The packed kernel variants of `isa` at `p`: AMX off, and AMX on where this CPU and OS allow
+/// it (AVX-512-VNNI only). Says once per test binary whether the AMX path is covered, so a run
+/// on a CPU without AMX does not pass it silently.
+fn packed_kernels(isa: Isa, p: Precision) -> Vec<Kernel> {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    let k = kernel(isa, p);
+    let amx = k.with_amx(true);
+    SAID.call_once(|| {
+        let on = Kernel::new(Isa::Avx512Vnni).is_some_and(|k| k.with_amx(true).amx());
+        eprintln!(
+            "packed tests: AMX path {}",
+            if on {
+                "covered (AMX-INT8 available)"
+            } else {
+                "NOT covered (no AMX on this CPU/OS)"
+            }
+        );
+    });
+    let mut v = vec![k.with_amx(false)];
+    if amx.amx() {
+        v.push(amx);
+    }
+    v
+}
+
 #[test]
 fn packed_round_trip() {
     let mut rng = Rng(11);
@@ -1080,8 +1105,11 @@ fn packed_rows_bitwise() {
         let x = random_acts(tmax * cols, &mut rng);
         for prec in Precision::ALL {
             let mut first: Option<Vec<u32>> = None;
-            for isa in supported_isas() {
-                let k = kernel(isa, prec);
+            for k in supported_isas()
+                .into_iter()
+                .flat_map(|i| packed_kernels(i, prec))
+            {
+                let (isa, amx) = (k.isa(), k.amx());
                 let mut one = vec![0.0; tmax * rows];
                 for (xr, o) in x.chunks(cols).zip(one.chunks_mut(rows)) {
                     linear_packed_with(k, xr, 1, &p, o);
@@ -1093,7 +1121,7 @@ fn packed_rows_bitwise() {
                         linear_packed_with(k, xs, t, &p, &mut got);
                         assert!(
                             bits(&got) == bits(&one[start * rows..(start + t) * rows]),
-                            "{ty} {prec} {isa:?} T {t} start {start}: not the one-row bits"
+                            "{ty} {prec} {isa:?} amx {amx} T {t} start {start}: not the one-row bits"
                         );
                     }
                 }
@@ -1101,13 +1129,18 @@ fn packed_rows_bitwise() {
                 let groups: Vec<u32> = one.chunks(rows).flat_map(|r| bits(&r[..32])).collect();
                 match &first {
                     None => first = Some(groups),
-                    Some(f) => assert!(*f == groups, "{ty} {prec} {isa:?}: not the scalar bits"),
+                    Some(f) => {
+                        assert!(
+                            *f == groups,
+                            "{ty} {prec} {isa:?} amx {amx}: not the scalar bits"
+                        )
+                    }
                 }
                 // Against the GGML row kernels (another f32 order).
                 let mut rowk = vec![0.0; tmax * rows];
                 linear_quant_with(k, &x, tmax, rows, cols, &q, &mut rowk);
                 let deq = dequant(ty, &q.bytes);
-                let what = format!("{ty} {prec} {isa:?}");
+                let what = format!("{ty} {prec} {isa:?} amx {amx}");
                 assert_close_by_magnitude(&one, &rowk, &deq, &x, rows, cols, &what);
             }
         }
@@ -1169,6 +1202,56 @@ fn packed_real_shapes() {
     }
 }
 
+/// The AMX packed kernel at real shapes (SmolLM2-135M: q/o 576×576, k/v 192×576, gate/up
+/// 1536×576, down 576×1536, the tied Q8_0 LM head 49152×576) and T around its tile of 16:
+/// every output bitwise the one-row result of the AVX-512-VNNI kernel, at both precisions.
+/// Without AMX it checks the AMX-off kernel against itself and says so.
+#[test]
+fn packed_amx_real_shapes() {
+    const TS: [usize; 12] = [1, 2, 3, 4, 5, 8, 15, 16, 17, 31, 32, 33];
+    let cases: &[(QuantType, usize, usize)] = &[
+        (QuantType::Q4_1, 576, 576),
+        (QuantType::Q4_1, 192, 576),
+        (QuantType::Q4_1, 1536, 576),
+        (QuantType::Q4_1, 576, 1536),
+        (QuantType::Q8_0, 576, 576),
+        (QuantType::Q8_0, 1536, 576),
+        (QuantType::Q8_0, 576, 1536),
+        (QuantType::Q4_0, 1536, 576),
+        (QuantType::Q8_0, 49152, 576),
+    ];
+    let Some(base) = Kernel::new(Isa::Avx512Vnni) else {
+        eprintln!("packed_amx_real_shapes: no AVX-512-VNNI, nothing to compare");
+        return;
+    };
+    let tmax = *TS.last().expect("T values");
+    for (ci, &(ty, rows, cols)) in cases.iter().enumerate() {
+        let mut rng = Rng(700 + ci as u64);
+        let q = QuantData::quantize(ty, rows, cols, &rng.vec(rows * cols));
+        let p = PackedQuant::from_ggml(&q, rows, cols).expect("packable");
+        let x = random_acts(tmax * cols, &mut rng);
+        for prec in Precision::ALL {
+            let ks = packed_kernels(Isa::Avx512Vnni, prec);
+            let plain = base.with_precision(prec).with_amx(false);
+            let mut one = vec![0.0; tmax * rows];
+            for (xr, o) in x.chunks(cols).zip(one.chunks_mut(rows)) {
+                linear_packed_with(plain, xr, 1, &p, o);
+            }
+            for k in &ks {
+                for t in TS {
+                    let mut got = vec![0.0; t * rows];
+                    linear_packed_with(*k, &x[..t * cols], t, &p, &mut got);
+                    assert!(
+                        bits(&got) == bits(&one[..t * rows]),
+                        "{ty} {prec} [{rows}x{cols}] amx {} T {t}: not the one-row bits",
+                        k.amx()
+                    );
+                }
+            }
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
     /// `Kernel::packed_group` of random bytes (every quant pattern) with n activation rows
@@ -1179,7 +1262,7 @@ proptest! {
         ty_i in 0usize..3,
         seed in any::<u64>(),
         nb in 1usize..6,
-        n in 1usize..20,
+        n in 1usize..36,
         big in any::<bool>(),
     ) {
         let ty = PACKED_TYPES[ty_i];
@@ -1205,11 +1288,13 @@ proptest! {
                 for (ar, o) in all.chunks(per).zip(want.chunks_mut(16)) {
                     packed::group_scalar(ty, w, ar, o);
                 }
-                for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
-                    let k = kernel(isa, prec);
+                for k in supported_isas().into_iter().flat_map(|i| packed_kernels(i, prec)) {
                     let mut got = vec![-7.0f32; n * 16];
                     k.packed_group(ty, w, A::row(&all), n, &mut got);
-                    prop_assert_eq!(bits(&got), bits(&want), "{} {} {:?} n {}", ty, prec, isa, n);
+                    prop_assert_eq!(
+                        bits(&got), bits(&want), "{} {} {:?} amx {} n {}", ty, prec, k.isa(),
+                        k.amx(), n
+                    );
                     for (i, ar) in all.chunks(per).enumerate() {
                         let mut one = vec![0.0f32; 16];
                         k.packed_group(ty, w, A::row(ar), 1, &mut one);
