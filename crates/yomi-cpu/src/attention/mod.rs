@@ -97,42 +97,39 @@ impl Lanes for Portable {
 #[cfg(target_arch = "x86_64")]
 struct Avx2Fma;
 
-// SAFETY (both impls below): `Avx2Fma` and `Avx512` are only used by `attention_tree_with`
-// for an `AttnIsa` that `AttnIsa::is_supported` confirmed on this CPU.
+/// `impl Lanes for $ty` forwarding to the kernels of module `$m`.
+///
+/// SAFETY (of the `unsafe` calls it writes): `Avx2Fma` and `Avx512` are only used by
+/// `attention_tree_with` for an `AttnIsa` that `AttnIsa::is_supported` confirmed on this CPU.
 #[cfg(target_arch = "x86_64")]
-impl Lanes for Avx2Fma {
-    fn scores16(q: &[f32], keys: &Keys, k0: usize, scale: f32, out: &mut [f32]) {
-        unsafe { avx2::scores16(q, keys, k0, scale, out) }
-    }
-    fn score1(q: &[f32], k: &[f32], scale: f32) -> f32 {
-        unsafe { avx2::score1(q, k, scale) }
-    }
-    fn exp_sum(s: &mut [f32], max: f32) -> f32 {
-        unsafe { avx2::exp_sum(s, max) }
-    }
-    fn weighted_part(p: &[f32], values: &Keys, k0: usize, k1: usize, acc: &mut [f32]) {
-        unsafe { avx2::weighted_part(p, values, k0, k1, acc) }
-    }
+macro_rules! forward_lanes {
+    ($ty:ident, $m:ident) => {
+        impl Lanes for $ty {
+            fn scores16(q: &[f32], keys: &Keys, k0: usize, scale: f32, out: &mut [f32]) {
+                unsafe { $m::scores16(q, keys, k0, scale, out) }
+            }
+            fn score1(q: &[f32], k: &[f32], scale: f32) -> f32 {
+                unsafe { $m::score1(q, k, scale) }
+            }
+            fn exp_sum(s: &mut [f32], max: f32) -> f32 {
+                unsafe { $m::exp_sum(s, max) }
+            }
+            fn weighted_part(p: &[f32], values: &Keys, k0: usize, k1: usize, acc: &mut [f32]) {
+                unsafe { $m::weighted_part(p, values, k0, k1, acc) }
+            }
+        }
+    };
 }
 
+#[cfg(target_arch = "x86_64")]
+forward_lanes!(Avx2Fma, avx2);
+
+/// The AVX-512 kernels ([`avx512`]). Only chosen when the CPU has AVX-512 F and DQ.
 #[cfg(target_arch = "x86_64")]
 struct Avx512;
 
 #[cfg(target_arch = "x86_64")]
-impl Lanes for Avx512 {
-    fn scores16(q: &[f32], keys: &Keys, k0: usize, scale: f32, out: &mut [f32]) {
-        unsafe { avx512::scores16(q, keys, k0, scale, out) }
-    }
-    fn score1(q: &[f32], k: &[f32], scale: f32) -> f32 {
-        unsafe { avx512::score1(q, k, scale) }
-    }
-    fn exp_sum(s: &mut [f32], max: f32) -> f32 {
-        unsafe { avx512::exp_sum(s, max) }
-    }
-    fn weighted_part(p: &[f32], values: &Keys, k0: usize, k1: usize, acc: &mut [f32]) {
-        unsafe { avx512::weighted_part(p, values, k0, k1, acc) }
-    }
-}
+forward_lanes!(Avx512, avx512);
 
 /// The instruction sets of the attention kernels (all compute the same bits).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -292,14 +292,7 @@ impl ActBlock for PairQ8 {
         ActRow::Q8(units)
     }
     fn quantize_rows_fast(x: &[f32], cols: usize, out: &mut [Self]) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        if super::act_x86::available() {
-            // SAFETY: the CPU has AVX-512 F (checked above).
-            unsafe { super::act_x86::quantize_pairs(x, cols, out) };
-            return true;
-        }
-        let _ = (x, cols, out);
-        false
+        quantize_pairs_fast(x, cols, out)
     }
 }
 
@@ -338,14 +331,7 @@ impl ActBlock for PairQ8x2 {
         ActRow::Q8x2(units)
     }
     fn quantize_rows_fast(x: &[f32], cols: usize, out: &mut [Self]) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        if super::act_x86::available() {
-            // SAFETY: the CPU has AVX-512 F (checked above).
-            unsafe { super::act_x86::quantize_pairs(x, cols, out) };
-            return true;
-        }
-        let _ = (x, cols, out);
-        false
+        quantize_pairs_fast(x, cols, out)
     }
 }
 
@@ -483,6 +469,23 @@ impl Act256 for BlockQ8Kx2 {
     fn qr(&self) -> Option<(&[i8; 256], &[i16; 16])> {
         Some((&self.qr, &self.rsums))
     }
+}
+
+/// The AVX-512 pair quantizer where the CPU has it ([`ActBlock::quantize_rows_fast`] of both
+/// pair kinds); `false` elsewhere.
+#[cfg(target_arch = "x86_64")]
+fn quantize_pairs_fast<P: super::act_x86::PairOut>(x: &[f32], cols: usize, out: &mut [P]) -> bool {
+    if !super::act_x86::available() {
+        return false;
+    }
+    // SAFETY: the CPU has AVX-512 F (checked above).
+    unsafe { super::act_x86::quantize_pairs(x, cols, out) };
+    true
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn quantize_pairs_fast<P>(_: &[f32], _: usize, _: &mut [P]) -> bool {
+    false
 }
 
 /// Units per row of `cols` values.

@@ -56,6 +56,7 @@ use std::sync::OnceLock;
 use super::QuantType;
 use super::act::Act32;
 use super::packed::GROUP;
+use super::packed::x86::{Q4_0, Q4_1, Q8_0, qoff, ts};
 
 /// Largest tile height: activation rows per tile product.
 pub const MAX_ROWS: usize = 16;
@@ -149,24 +150,6 @@ impl TileCfg {
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
 struct Line([u8; 64]);
-
-/// Type tags (const generic), as in [`super::packed::x86`].
-const Q8_0: u8 = 0;
-const Q4_0: u8 = 1;
-const Q4_1: u8 = 2;
-
-const fn ts(ty: u8) -> usize {
-    match ty {
-        Q8_0 => 34,
-        Q4_0 => 18,
-        _ => 20,
-    }
-}
-
-/// Offset of the quant vectors in a group block (after the f16 `d` and Q4_1's `m`).
-const fn qoff(ty: u8) -> usize {
-    if ty == Q4_1 { 64 } else { 32 }
-}
 
 /// Blocks per chunk: the tile products of chunk c run before the float epilogue of chunk
 /// c − 1 (software pipelining: the stored C tiles are read a chunk later, and the tile unit

@@ -368,18 +368,24 @@ pub fn set_precision(p: Precision) {
     PRECISION.store(p as u8, Ordering::Relaxed);
 }
 
+/// An on/off environment switch: `off_word` turns it off, `on_word` or nothing leaves it on,
+/// anything else is reported once and ignored (on).
+fn env_switch(key: &str, off_word: &str, on_word: &str) -> bool {
+    match std::env::var(key) {
+        Ok(v) if v.trim() == off_word => false,
+        Ok(v) if v.trim() != on_word => {
+            eprintln!("yomi: ignoring {key}={v:?} (expected {off_word} or {on_word}); {on_word}");
+            true
+        }
+        _ => true,
+    }
+}
+
 /// `YOMI_QUANT_ROWS` (read once): `per-row` turns multi-row tiling off, anything else (or
 /// nothing) leaves it on.
 fn row_tiling_default() -> bool {
     static ENV: OnceLock<bool> = OnceLock::new();
-    *ENV.get_or_init(|| match std::env::var("YOMI_QUANT_ROWS") {
-        Ok(v) if v.trim() == "per-row" => false,
-        Ok(v) if v.trim() != "tiled" => {
-            eprintln!("yomi: ignoring YOMI_QUANT_ROWS={v:?} (expected per-row or tiled); tiling");
-            true
-        }
-        _ => true,
-    })
+    *ENV.get_or_init(|| env_switch("YOMI_QUANT_ROWS", "per-row", "tiled"))
 }
 
 /// `YOMI_QUANT_AMX` (read once): `off` keeps [`Kernel::best`] and [`Kernel::new`] off the
@@ -387,14 +393,7 @@ fn row_tiling_default() -> bool {
 /// the CPU and the OS allow.
 fn amx_default() -> bool {
     static ENV: OnceLock<bool> = OnceLock::new();
-    *ENV.get_or_init(|| match std::env::var("YOMI_QUANT_AMX") {
-        Ok(v) if v.trim() == "off" => false,
-        Ok(v) if v.trim() != "on" => {
-            eprintln!("yomi: ignoring YOMI_QUANT_AMX={v:?} (expected off or on); on");
-            true
-        }
-        _ => true,
-    })
+    *ENV.get_or_init(|| env_switch("YOMI_QUANT_AMX", "off", "on"))
 }
 
 /// Whether AMX can run the packed kernels next to `isa` (only with AVX-512-VNNI, whose

@@ -287,7 +287,8 @@ pub(crate) mod x86 {
     pub const Q4_0: u8 = 1;
     pub const Q4_1: u8 = 2;
 
-    const fn ts(ty: u8) -> usize {
+    /// Bytes of one GGML block of the type tagged `ty`.
+    pub(crate) const fn ts(ty: u8) -> usize {
         match ty {
             Q8_0 => 34,
             Q4_0 => 18,
@@ -295,8 +296,8 @@ pub(crate) mod x86 {
         }
     }
 
-    /// Offset of the quant vectors in a group block.
-    const fn qoff(ty: u8) -> usize {
+    /// Offset of the quant vectors in a group block (after the f16 `d` and Q4_1's `m`).
+    pub(crate) const fn qoff(ty: u8) -> usize {
         if ty == Q4_1 { 64 } else { 32 }
     }
 
