@@ -281,10 +281,12 @@ fn run<L: Lanes>((q, k_cache, v_cache, committed, tree, shape, scale, out): Args
     if t == 0 {
         return;
     }
-    // Query rows of one KV head: u = i · group + g (tree row i, head kvh · group + g). Enough
-    // tasks to keep every thread busy, then as many rows per task as allowed.
+    // Query rows of one KV head: u = i · group + g (tree row i, head kvh · group + g). About 8
+    // tasks per thread (4 left a thread idle for 10–15% of a 4–8-row verify pass; 16 lose
+    // more to re-reading K/V than they gain in balance, measured with `verify_cost`), then as
+    // many rows per task as allowed.
     let per_kv = t * group;
-    let want_tasks = 4 * rayon::current_num_threads();
+    let want_tasks = 8 * rayon::current_num_threads();
     let rows = (n_kv * per_kv / want_tasks).clamp(1, MAX_QUERIES);
     let tasks_per_kv = per_kv.div_ceil(rows);
     let width = committed + t; // scores per query row, at most
