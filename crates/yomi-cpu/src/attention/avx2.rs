@@ -108,6 +108,28 @@ fn exp8(x: __m256) -> __m256 {
     _mm256_mul_ps(p, _mm256_castsi256_ps(pow))
 }
 
+/// The largest of `s` (−∞ when empty).
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn max_of(s: &[f32]) -> f32 {
+    let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
+    let mut m = ninf;
+    let mut chunks = s.chunks_exact(8);
+    for c in &mut chunks {
+        // SAFETY: `c` is 8 readable f32.
+        m = _mm256_max_ps(m, unsafe { _mm256_loadu_ps(c.as_ptr()) });
+    }
+    let mut lanes = [0.0f32; 8];
+    // SAFETY: `lanes` is 8 writable f32.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), m) };
+    lanes
+        .iter()
+        .chain(chunks.remainder())
+        .fold(f32::NEG_INFINITY, |a, &x| a.max(x))
+}
+
 /// `s[k] ← exp(s[k] − max)`, returning their sum (reference order).
 ///
 /// # Safety

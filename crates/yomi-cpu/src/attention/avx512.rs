@@ -131,6 +131,28 @@ pub unsafe fn score1(q: &[f32], k: &[f32], scale: f32) -> f32 {
     reduce16(&lanes) * scale
 }
 
+/// The largest of `s` (−∞ when empty).
+///
+/// # Safety
+/// The CPU must have AVX-512 F.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn max_of(s: &[f32]) -> f32 {
+    let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
+    for c in 0..s.len().div_ceil(LANES) {
+        let mask = chunk_mask(s.len(), c);
+        // SAFETY: masked to the lanes inside `s`; masked-off lanes keep −∞.
+        let x = unsafe {
+            _mm512_mask_loadu_ps(
+                _mm512_set1_ps(f32::NEG_INFINITY),
+                mask,
+                s.as_ptr().add(c * LANES),
+            )
+        };
+        m = _mm512_max_ps(m, x);
+    }
+    _mm512_reduce_max_ps(m)
+}
+
 /// `s[k] ← exp(s[k] − max)`, returning their sum (reference order).
 ///
 /// # Safety

@@ -54,6 +54,11 @@ pub fn dot(q: &[f32], k: &[f32]) -> f32 {
     reduce16(&p)
 }
 
+/// The largest of `s` (max is exact, so any order gives the same value).
+pub fn max_of(s: &[f32]) -> f32 {
+    s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x))
+}
+
 /// `s[k] ← exp(s[k] − max)` and their sum, in the reference order.
 pub fn exp_sum(s: &mut [f32], max: f32) -> f32 {
     let mut acc = [0.0f32; LANES];

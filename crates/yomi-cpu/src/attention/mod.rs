@@ -66,6 +66,8 @@ trait Lanes {
     fn scores16(q: &[f32], keys: &Keys, k0: usize, scale: f32, out: &mut [f32]);
     /// `(q · k) · scale`.
     fn score1(q: &[f32], k: &[f32], scale: f32) -> f32;
+    /// The largest of `s` (−∞ when empty; NaNs ignored where the instruction set can).
+    fn max_of(s: &[f32]) -> f32;
     /// `s ← exp(s − max)`, returning the sum.
     fn exp_sum(s: &mut [f32], max: f32) -> f32;
     /// The output chains `acc` ([2, hd]) continued over values `k0..k1` ([`lanes::weighted_part`]).
@@ -83,6 +85,9 @@ impl Lanes for Portable {
     }
     fn score1(q: &[f32], k: &[f32], scale: f32) -> f32 {
         lanes::dot(q, k) * scale
+    }
+    fn max_of(s: &[f32]) -> f32 {
+        lanes::max_of(s)
     }
     fn exp_sum(s: &mut [f32], max: f32) -> f32 {
         lanes::exp_sum(s, max)
@@ -110,6 +115,9 @@ macro_rules! forward_lanes {
             }
             fn score1(q: &[f32], k: &[f32], scale: f32) -> f32 {
                 unsafe { $m::score1(q, k, scale) }
+            }
+            fn max_of(s: &[f32]) -> f32 {
+                unsafe { $m::max_of(s) }
             }
             fn exp_sum(s: &mut [f32], max: f32) -> f32 {
                 unsafe { $m::exp_sum(s, max) }
@@ -355,8 +363,7 @@ fn run<L: Lanes>((q, k_cache, v_cache, committed, tree, shape, scale, out): Args
             for (j, inv) in inv.iter_mut().enumerate().take(n_q) {
                 let n = keys_of(k_cache, j).len();
                 let s = &mut scores[j * width..j * width + n];
-                let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-                *inv = 1.0 / L::exp_sum(s, max);
+                *inv = 1.0 / L::exp_sum(s, L::max_of(s));
             }
             let shared = keys_of(v_cache, 0);
             for k0 in (0..committed).step_by(VALUE_BLOCK) {
