@@ -16,7 +16,6 @@
 //! S₀ and final_state [Hv, dk, dv], out [T, Hv, dv], head_major scratch [Hv, T, dv].
 //! All exponents are differences Γ_i − Γ_j ≤ 0 along a path, so nothing overflows.
 
-use rayon::prelude::*;
 use std::cell::RefCell;
 use yomi_core::TreeBatch;
 
@@ -69,29 +68,22 @@ pub fn gdn_tree_forward(
     match final_state {
         Some(fs) if tree.is_chain() => {
             assert_eq!(fs.len(), hv * sl);
-            head_major
-                .par_chunks_mut(t * dv)
-                .zip(fs.par_chunks_mut(sl))
-                .enumerate()
-                .for_each(|(h, (oh, fh))| {
-                    head_forward(
-                        h,
-                        rows,
-                        &s0[h * sl..(h + 1) * sl],
-                        tree,
-                        shape,
-                        oh,
-                        Some(fh),
-                    )
-                });
+            crate::pool::for_each_chunk_pair_mut(head_major, t * dv, fs, sl, |h, oh, fh| {
+                head_forward(
+                    h,
+                    rows,
+                    &s0[h * sl..(h + 1) * sl],
+                    tree,
+                    shape,
+                    oh,
+                    Some(fh),
+                )
+            });
         }
         _ => {
-            head_major
-                .par_chunks_mut(t * dv)
-                .enumerate()
-                .for_each(|(h, oh)| {
-                    head_forward(h, rows, &s0[h * sl..(h + 1) * sl], tree, shape, oh, None)
-                });
+            crate::pool::for_each_chunk_mut(head_major, t * dv, 1, |h, oh| {
+                head_forward(h, rows, &s0[h * sl..(h + 1) * sl], tree, shape, oh, None)
+            });
         }
     }
     for h in 0..hv {
@@ -211,7 +203,7 @@ fn head_forward(
 pub fn gdn_commit_replay(rows: &GdnRows, accepted: &[usize], shape: GdnShape, s: &mut [f32]) {
     let GdnShape { hk, hv, dk, dv } = shape;
     let sl = dk * dv;
-    s.par_chunks_mut(sl).enumerate().for_each(|(h, sh)| {
+    crate::pool::for_each_chunk_mut(s, sl, 1, |h, sh| {
         SCRATCH.with(|sc| {
             let kh = h / (hv / hk);
             let sk = &mut sc.borrow_mut().sk;

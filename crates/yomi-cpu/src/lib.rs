@@ -9,6 +9,7 @@ pub mod exp;
 pub mod gdn;
 pub mod linear;
 pub mod norm;
+pub mod pool;
 pub mod quant;
 pub mod rope;
 pub mod simd;

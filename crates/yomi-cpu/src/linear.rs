@@ -11,7 +11,6 @@
 //! `YOMI_QUANT_ACT=int8` for one plane) and each weight row is dotted with all of them in integer
 //! arithmetic.
 
-use rayon::prelude::*;
 use std::cell::RefCell;
 
 use crate::quant::{self, PackedQuant, QuantData, QuantShapeError, QuantType};
@@ -160,38 +159,34 @@ pub fn linear(x: &[f32], t: usize, w: &Matrix, bias: Option<&[f32]>, out: &mut [
     } else if let WeightData::Packed(p) = &w.data {
         quant::linear_packed(x, t, p, out);
     } else if t == 1 {
-        out.par_chunks_mut(ROWS_PER_TASK)
-            .enumerate()
-            .for_each(|(ci, chunk)| {
-                ROW_BUF.with(|b| {
-                    let mut b = b.borrow_mut();
-                    b.resize(n_in, 0.0);
-                    for (k, o) in chunk.iter_mut().enumerate() {
-                        let r = ci * ROWS_PER_TASK + k;
-                        *o = simd::dot(w.row_f32(r, &mut b), x);
-                    }
-                })
-            });
+        crate::pool::for_each_chunk_mut(out, ROWS_PER_TASK, 1, |ci, chunk| {
+            ROW_BUF.with(|b| {
+                let mut b = b.borrow_mut();
+                b.resize(n_in, 0.0);
+                for (k, o) in chunk.iter_mut().enumerate() {
+                    let r = ci * ROWS_PER_TASK + k;
+                    *o = simd::dot(w.row_f32(r, &mut b), x);
+                }
+            })
+        });
     } else {
         // Compute into [out, T] so each task writes a contiguous block, then transpose.
         OUT_T.with(|ot| {
             let mut ot = ot.borrow_mut();
             ot.resize(n_out * t, 0.0);
-            ot.par_chunks_mut(ROWS_PER_TASK * t)
-                .enumerate()
-                .for_each(|(ci, chunk)| {
-                    ROW_BUF.with(|b| {
-                        let mut b = b.borrow_mut();
-                        b.resize(n_in, 0.0);
-                        for (k, orow) in chunk.chunks_mut(t).enumerate() {
-                            let r = ci * ROWS_PER_TASK + k;
-                            let wr = w.row_f32(r, &mut b);
-                            for (ti, o) in orow.iter_mut().enumerate() {
-                                *o = simd::dot(wr, &x[ti * n_in..(ti + 1) * n_in]);
-                            }
+            crate::pool::for_each_chunk_mut(&mut ot[..], ROWS_PER_TASK * t, 1, |ci, chunk| {
+                ROW_BUF.with(|b| {
+                    let mut b = b.borrow_mut();
+                    b.resize(n_in, 0.0);
+                    for (k, orow) in chunk.chunks_mut(t).enumerate() {
+                        let r = ci * ROWS_PER_TASK + k;
+                        let wr = w.row_f32(r, &mut b);
+                        for (ti, o) in orow.iter_mut().enumerate() {
+                            *o = simd::dot(wr, &x[ti * n_in..(ti + 1) * n_in]);
                         }
-                    })
-                });
+                    }
+                })
+            });
             for r in 0..n_out {
                 for ti in 0..t {
                     out[ti * n_out + r] = ot[r * t + ti];

@@ -10,7 +10,6 @@
 //! (committed rows, then its path): the bits do not depend on T, on the other rows of the tree
 //! or on the instruction set, so a verified tree row equals the plain decode of its path.
 
-use rayon::prelude::*;
 use std::cell::RefCell;
 use yomi_core::TreeBatch;
 
@@ -299,7 +298,7 @@ fn run<L: Lanes>((q, k_cache, v_cache, committed, tree, shape, scale, out): Args
     let tasks_per_kv = per_kv.div_ceil(rows);
     let width = committed + t; // scores per query row, at most
     let out_ptr = OutPtr(out.as_mut_ptr());
-    (0..n_kv * tasks_per_kv).into_par_iter().for_each(|task| {
+    crate::pool::for_each(n_kv * tasks_per_kv, &|task| {
         let kvh = task / tasks_per_kv;
         let u0 = (task % tasks_per_kv) * rows;
         let n_q = rows.min(per_kv - u0);

@@ -20,7 +20,6 @@
 //! on the same thread (a linear inside a rayon task of another linear) finds the scratch
 //! borrowed and uses a fresh vector instead of panicking.
 
-use rayon::prelude::*;
 use std::cell::RefCell;
 use std::thread::LocalKey;
 
@@ -170,16 +169,13 @@ fn run<A: ActBlock>(
     let act = |t0: usize, t1: usize| A::row(&acts[t0 * nb..t1 * nb]);
     if t == 1 {
         let a = act(0, 1);
-        out.par_chunks_mut(ROWS_PER_TASK)
-            .with_min_len(min_len)
-            .enumerate()
-            .for_each(|(ci, chunk)| {
-                for (k, o) in chunk.iter_mut().enumerate() {
-                    let r = ci * ROWS_PER_TASK + k;
-                    prefetch(q, r * row_bytes, (r + 1) * row_bytes);
-                    *o = kernel.dot(ty, q.row(cols, r), a);
-                }
-            });
+        crate::pool::for_each_chunk_mut(out, ROWS_PER_TASK, min_len, |ci, chunk| {
+            for (k, o) in chunk.iter_mut().enumerate() {
+                let r = ci * ROWS_PER_TASK + k;
+                prefetch(q, r * row_bytes, (r + 1) * row_bytes);
+                *o = kernel.dot(ty, q.row(cols, r), a);
+            }
+        });
         return;
     }
     // Activation rows per cache tile (at least one register tile; all of them when T is small).
@@ -189,40 +185,34 @@ fn run<A: ActBlock>(
         .min(t);
     with_scratch(&OUT_T, |ot| {
         let ot = grown(ot, rows * t);
-        ot.par_chunks_mut(ROWS_PER_TASK * t)
-            .with_min_len(min_len)
-            .enumerate()
-            .for_each(|(ci, chunk)| {
-                if !kernel.row_tiling() {
-                    for (k, orow) in chunk.chunks_mut(t).enumerate() {
-                        let r = ci * ROWS_PER_TASK + k;
-                        prefetch(q, r * row_bytes, (r + 1) * row_bytes);
-                        let w = q.row(cols, r);
-                        for (ti, o) in orow.iter_mut().enumerate() {
-                            *o = kernel.dot(ty, w, act(ti, ti + 1));
-                        }
+        crate::pool::for_each_chunk_mut(ot, ROWS_PER_TASK * t, min_len, |ci, chunk| {
+            if !kernel.row_tiling() {
+                for (k, orow) in chunk.chunks_mut(t).enumerate() {
+                    let r = ci * ROWS_PER_TASK + k;
+                    prefetch(q, r * row_bytes, (r + 1) * row_bytes);
+                    let w = q.row(cols, r);
+                    for (ti, o) in orow.iter_mut().enumerate() {
+                        *o = kernel.dot(ty, w, act(ti, ti + 1));
                     }
-                    return;
                 }
-                // This task's weight rows, back to back.
-                let r0 = ci * ROWS_PER_TASK;
-                let m = chunk.len() / t;
-                let w = &q.bytes[r0 * row_bytes..(r0 + m) * row_bytes];
-                prefetch(q, r0 * row_bytes, (r0 + m) * row_bytes);
-                for t0 in (0..t).step_by(tile) {
-                    let t1 = (t0 + tile).min(t);
-                    kernel.dot_block(ty, w, m, act(t0, t1), t1 - t0, &mut chunk[t0..], t);
-                }
-            });
+                return;
+            }
+            // This task's weight rows, back to back.
+            let r0 = ci * ROWS_PER_TASK;
+            let m = chunk.len() / t;
+            let w = &q.bytes[r0 * row_bytes..(r0 + m) * row_bytes];
+            prefetch(q, r0 * row_bytes, (r0 + m) * row_bytes);
+            for t0 in (0..t).step_by(tile) {
+                let t1 = (t0 + tile).min(t);
+                kernel.dot_block(ty, w, m, act(t0, t1), t1 - t0, &mut chunk[t0..], t);
+            }
+        });
         let ot = &ot[..];
-        out.par_chunks_mut(rows)
-            .with_min_len((4096 / rows).max(1))
-            .enumerate()
-            .for_each(|(ti, o)| {
-                for (r, v) in o.iter_mut().enumerate() {
-                    *v = ot[r * t + ti];
-                }
-            });
+        crate::pool::for_each_chunk_mut(out, rows, (4096 / rows).max(1), |ti, o| {
+            for (r, v) in o.iter_mut().enumerate() {
+                *v = ot[r * t + ti];
+            }
+        });
     })
 }
 
@@ -297,11 +287,7 @@ fn packed_run<A: Act32>(
             }
         };
         if t == 1 {
-            out[..groups * GROUP]
-                .par_chunks_mut(GROUP)
-                .with_min_len(min_len)
-                .enumerate()
-                .for_each(|(g, o)| task(g, o));
+            crate::pool::for_each_chunk_mut(&mut out[..groups * GROUP], GROUP, min_len, task);
         } else {
             // Jobs of a run of groups (a few per thread): the AMX kernel repacks the
             // activations and loads its tile configuration once per call, and fewer, longer
@@ -313,20 +299,19 @@ fn packed_run<A: Act32>(
                 .max(1);
             with_scratch(&OUT_T, |ot| {
                 let ot = grown(ot, groups * t * GROUP);
-                ot.par_chunks_mut(per * t * GROUP)
-                    .with_min_len(min_len.div_ceil(per))
-                    .enumerate()
-                    .for_each(|(j, o)| task(j * per, o));
+                crate::pool::for_each_chunk_mut(
+                    ot,
+                    per * t * GROUP,
+                    min_len.div_ceil(per),
+                    |j, o| task(j * per, o),
+                );
                 let ot = &ot[..];
-                out.par_chunks_mut(rows)
-                    .with_min_len((4096 / rows).max(1))
-                    .enumerate()
-                    .for_each(|(ti, o)| {
-                        for (g, og) in o[..groups * GROUP].chunks_exact_mut(GROUP).enumerate() {
-                            let s = (g * t + ti) * GROUP;
-                            og.copy_from_slice(&ot[s..s + GROUP]);
-                        }
-                    });
+                crate::pool::for_each_chunk_mut(out, rows, (4096 / rows).max(1), |ti, o| {
+                    for (g, og) in o[..groups * GROUP].chunks_exact_mut(GROUP).enumerate() {
+                        let s = (g * t + ti) * GROUP;
+                        og.copy_from_slice(&ot[s..s + GROUP]);
+                    }
+                });
             });
         }
         // The tail rows (fewer than a group): the row kernels, T = 1 bits by construction.
