@@ -1,6 +1,6 @@
-//! yomi's CPU backend: the op set of DESIGN §5 on x86-64 (runtime-detected AVX2/FMA with a
-//! portable fallback) and rayon. Every fast kernel sits next to a plain reference twin that the
-//! tests compare it against.
+//! yomi's CPU backend: the op set of DESIGN §5 on x86-64 (runtime-detected AVX2/FMA, AVX-512,
+//! VNNI and AMX with a portable fallback), its parallel loops on a spinning pool ([`pool`]).
+//! Every fast kernel sits next to a plain reference twin that the tests compare it against.
 
 pub mod activation;
 pub mod attention;
