@@ -274,8 +274,9 @@ pub fn for_each_chunk_pair_mut<A: Send, B: Send>(
     });
 }
 
-/// A raw pointer shared by the items of one loop, which touch disjoint elements.
-struct SendPtr<T>(*mut T);
+/// A raw pointer shared by the items of one loop, which touch disjoint elements (each use says
+/// why they are disjoint).
+pub(crate) struct SendPtr<T>(pub(crate) *mut T);
 
 impl<T> Clone for SendPtr<T> {
     fn clone(&self) -> Self {
@@ -283,12 +284,13 @@ impl<T> Clone for SendPtr<T> {
     }
 }
 impl<T> Copy for SendPtr<T> {}
-// SAFETY: used only by `for_each_chunk_mut`, whose items write disjoint chunks.
+// SAFETY: the items sharing it write disjoint elements (argued at each use).
 unsafe impl<T: Send> Send for SendPtr<T> {}
 unsafe impl<T: Send> Sync for SendPtr<T> {}
 
 impl<T> SendPtr<T> {
-    fn get(self) -> *mut T {
+    /// The pointer (a method, so closures capture the whole `Sync` wrapper).
+    pub(crate) fn get(self) -> *mut T {
         self.0
     }
 }

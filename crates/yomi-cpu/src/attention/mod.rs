@@ -193,20 +193,6 @@ const VALUE_BLOCK: usize = 32;
 /// Query rows per task at most.
 const MAX_QUERIES: usize = 8;
 
-/// The output pointer shared by the tasks, each writing its own query rows' `hd` values.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint rows of the output (see `run`).
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// The pointer (a method, so closures capture the whole `Sync` wrapper).
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
 /// Tree attention with the best kernels of this CPU (see the module notes for the shapes).
 #[allow(clippy::too_many_arguments)]
 pub fn attention_tree(
@@ -297,7 +283,8 @@ fn run<L: Lanes>((q, k_cache, v_cache, committed, tree, shape, scale, out): Args
     let rows = (n_kv * per_kv / want_tasks).clamp(1, MAX_QUERIES);
     let tasks_per_kv = per_kv.div_ceil(rows);
     let width = committed + t; // scores per query row, at most
-    let out_ptr = OutPtr(out.as_mut_ptr());
+    // Tasks write their own query rows' `hd` values of `out` (disjoint, see below).
+    let out_ptr = crate::pool::SendPtr(out.as_mut_ptr());
     crate::pool::for_each(n_kv * tasks_per_kv, &|task| {
         let kvh = task / tasks_per_kv;
         let u0 = (task % tasks_per_kv) * rows;
