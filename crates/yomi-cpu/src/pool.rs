@@ -46,8 +46,9 @@ struct Shared {
     /// Participating workers that finished the current loop.
     done: AtomicUsize,
     panicked: AtomicBool,
-    /// Workers parked (or about to park) and in need of an unpark.
-    parked: Mutex<Vec<Thread>>,
+    /// Workers parked (or about to park), by index: a loop unparks only its participants, so
+    /// workers beyond a smaller `--threads` stay asleep.
+    parked: Mutex<Vec<(usize, Thread)>>,
 }
 
 #[derive(Clone, Copy)]
@@ -58,42 +59,61 @@ unsafe impl Send for JobPtr {}
 
 struct Pool {
     shared: &'static Shared,
-    workers: usize,
+    /// Workers spawned so far (on demand, up to [`max_workers`]); `ready` mirrors it for the
+    /// lock-free check of every loop.
+    spawned: Mutex<usize>,
+    ready: AtomicUsize,
     /// Held while a loop runs: one loop at a time.
     busy: Mutex<()>,
 }
 
+/// Workers at most: one fewer than the CPUs (the submitting thread is the other one). Read
+/// once: `available_parallelism` reads cgroup files on every call.
+fn max_workers() -> usize {
+    static MAX: OnceLock<usize> = OnceLock::new();
+    *MAX.get_or_init(|| {
+        thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .max(1)
+            - 1
+    })
+}
+
 fn pool() -> &'static Pool {
     static POOL: OnceLock<Pool> = OnceLock::new();
-    POOL.get_or_init(|| {
-        let shared: &'static Shared = Box::leak(Box::new(Shared {
+    POOL.get_or_init(|| Pool {
+        shared: Box::leak(Box::new(Shared {
             epoch: AtomicU64::new(0),
             job: Mutex::new(None),
             next: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             parked: Mutex::new(Vec::new()),
-        }));
-        let want = thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .max(1)
-            - 1;
-        let mut workers = 0;
-        for w in 0..want {
-            let spawned = thread::Builder::new()
-                .name(format!("yomi-pool-{w}"))
-                .spawn(move || worker(shared, w));
-            if spawned.is_err() {
+        })),
+        spawned: Mutex::new(0),
+        ready: AtomicUsize::new(0),
+        busy: Mutex::new(()),
+    })
+}
+
+impl Pool {
+    /// Spawns workers until `want` exist (fewer if the OS refuses); returns how many exist.
+    fn ensure_workers(&self, want: usize) -> usize {
+        let mut spawned = self.spawned.lock().unwrap_or_else(|p| p.into_inner());
+        while *spawned < want {
+            let (shared, index) = (self.shared, *spawned);
+            let ok = thread::Builder::new()
+                .name(format!("yomi-pool-{index}"))
+                .spawn(move || worker(shared, index))
+                .is_ok();
+            if !ok {
                 break; // fewer workers: still correct
             }
-            workers += 1;
+            *spawned += 1;
         }
-        Pool {
-            shared,
-            workers,
-            busy: Mutex::new(()),
-        }
-    })
+        self.ready.store(*spawned, Ordering::Release);
+        *spawned
+    }
 }
 
 /// Runs the current loop's items until none are left.
@@ -113,9 +133,11 @@ fn run_items(shared: &Shared, job: &Job) {
 
 fn worker(shared: &'static Shared, index: usize) {
     let mut seen = 0u64;
+    // Since the last loop this worker took part in: a worker left out of loops (a smaller
+    // `--threads`) parks after SPIN_LIMIT and stays parked.
+    let mut start = Instant::now();
     loop {
         // Spin for the next loop, then park.
-        let start = Instant::now();
         let mut spins = 0u32;
         let epoch = loop {
             let e = shared.epoch.load(Ordering::Acquire);
@@ -128,7 +150,7 @@ fn worker(shared: &'static Shared, index: usize) {
                 // Re-check under the lock: a submitter bumps the epoch before it drains the
                 // parked list, so either we see the new epoch here or it sees us in the list.
                 if shared.epoch.load(Ordering::Acquire) == seen {
-                    parked.push(thread::current());
+                    parked.push((index, thread::current()));
                     drop(parked);
                     thread::park();
                 }
@@ -157,6 +179,7 @@ fn worker(shared: &'static Shared, index: usize) {
             // before it drops the job.
             run_items(shared, unsafe { &*job });
             shared.done.fetch_add(1, Ordering::AcqRel);
+            start = Instant::now();
         }
     }
 }
@@ -168,7 +191,14 @@ pub fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) {
     }
     let threads = rayon::current_num_threads().max(1);
     let p = pool();
-    let workers = p.workers.min(threads - 1).min(n - 1);
+    let want = (threads - 1).min(max_workers()).min(n - 1);
+    let workers = if want == 0 {
+        0
+    } else if want <= p.ready.load(Ordering::Acquire) {
+        want
+    } else {
+        p.ensure_workers(want).min(want)
+    };
     let guard = match (workers > 0).then(|| p.busy.try_lock()) {
         Some(Ok(g)) => g,
         _ => {
@@ -192,14 +222,17 @@ pub fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) {
     };
     *shared.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(JobPtr(&job));
     shared.epoch.store(epoch, Ordering::Release);
-    for t in shared
+    shared
         .parked
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .drain(..)
-    {
-        t.unpark();
-    }
+        .retain(|(index, t)| {
+            let wake = *index < workers;
+            if wake {
+                t.unpark();
+            }
+            !wake
+        });
     run_items(shared, &job);
     while shared.done.load(Ordering::Acquire) < workers {
         std::hint::spin_loop();
@@ -327,6 +360,24 @@ mod tests {
                     }
                 });
             }
+        });
+    }
+
+    #[test]
+    fn a_one_thread_rayon_pool_keeps_the_items_on_the_caller() {
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .expect("pool");
+        one.install(|| {
+            let me = thread::current().id();
+            let elsewhere = AtomicUsize::new(0);
+            for_each(256, &|_| {
+                if thread::current().id() != me {
+                    elsewhere.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            assert_eq!(elsewhere.load(Ordering::Relaxed), 0);
         });
     }
 
