@@ -283,62 +283,78 @@ unsafe fn block_tiles(
     cp: *mut u8,
     ra: usize,
 ) {
-    let s64 = 64usize;
+    // One product: even blocks C tmm0, A tmm4, B tmm6; odd blocks C tmm1, A tmm5, B tmm7.
+    // Two products: A tmm4 and tmm5; even blocks C tmm0/tmm1, B tmm6; odd C tmm2/tmm3, B tmm7.
     // SAFETY: (caller) the configuration is loaded and every row read or written is inside
     // the buffers named above.
     unsafe {
         match (two, par % 2) {
-            (false, 0) => asm!(
-                "tileloadd tmm4, [{a} + {sa}*1]",
-                "tileloadd tmm6, [{b} + {s64}*1]",
-                "tilezero tmm0",
-                "tdpbssd tmm0, tmm4, tmm6",
-                "tilestored [{c} + {s64}*1], tmm0",
-                a = in(reg) ap, b = in(reg) bp, c = in(reg) cp,
-                sa = in(reg) sa, s64 = in(reg) s64,
-                options(nostack, preserves_flags),
-            ),
-            (false, _) => asm!(
-                "tileloadd tmm5, [{a} + {sa}*1]",
-                "tileloadd tmm7, [{b} + {s64}*1]",
-                "tilezero tmm1",
-                "tdpbssd tmm1, tmm5, tmm7",
-                "tilestored [{c} + {s64}*1], tmm1",
-                a = in(reg) ap, b = in(reg) bp, c = in(reg) cp,
-                sa = in(reg) sa, s64 = in(reg) s64,
-                options(nostack, preserves_flags),
-            ),
-            (true, 0) => asm!(
-                "tileloadd tmm4, [{a} + {sa}*1]",
-                "tileloadd tmm5, [{a2} + {sa}*1]",
-                "tileloadd tmm6, [{b} + {s64}*1]",
-                "tilezero tmm0",
-                "tilezero tmm1",
-                "tdpbssd tmm0, tmm4, tmm6",
-                "tdpbssd tmm1, tmm5, tmm6",
-                "tilestored [{c} + {s64}*1], tmm0",
-                "tilestored [{c2} + {s64}*1], tmm1",
-                a = in(reg) ap, a2 = in(reg) ap.add(ra * sa), b = in(reg) bp,
-                c = in(reg) cp, c2 = in(reg) cp.add(ra * 64),
-                sa = in(reg) sa, s64 = in(reg) s64,
-                options(nostack, preserves_flags),
-            ),
-            (true, _) => asm!(
-                "tileloadd tmm4, [{a} + {sa}*1]",
-                "tileloadd tmm5, [{a2} + {sa}*1]",
-                "tileloadd tmm7, [{b} + {s64}*1]",
-                "tilezero tmm2",
-                "tilezero tmm3",
-                "tdpbssd tmm2, tmm4, tmm7",
-                "tdpbssd tmm3, tmm5, tmm7",
-                "tilestored [{c} + {s64}*1], tmm2",
-                "tilestored [{c2} + {s64}*1], tmm3",
-                a = in(reg) ap, a2 = in(reg) ap.add(ra * sa), b = in(reg) bp,
-                c = in(reg) cp, c2 = in(reg) cp.add(ra * 64),
-                sa = in(reg) sa, s64 = in(reg) s64,
-                options(nostack, preserves_flags),
-            ),
+            (false, 0) => one_product::<0, 4, 6>(ap, sa, bp, cp),
+            (false, _) => one_product::<1, 5, 7>(ap, sa, bp, cp),
+            (true, 0) => two_products::<0, 6>(ap, sa, bp, cp, ra),
+            (true, _) => two_products::<2, 7>(ap, sa, bp, cp, ra),
         }
+    }
+}
+
+/// One tile product into C tile `C` (A in tile `A`, B in tile `B`), stored to `cp`.
+///
+/// # Safety
+/// As [`block_tiles`].
+#[inline(always)]
+unsafe fn one_product<const C: u8, const A: u8, const B: u8>(
+    ap: *const u8,
+    sa: usize,
+    bp: *const u8,
+    cp: *mut u8,
+) {
+    // SAFETY: (caller) as `block_tiles`.
+    unsafe {
+        asm!(
+            "tileloadd tmm{a_t}, [{a} + {sa}*1]",
+            "tileloadd tmm{b_t}, [{b} + {s64}*1]",
+            "tilezero tmm{c_t}",
+            "tdpbssd tmm{c_t}, tmm{a_t}, tmm{b_t}",
+            "tilestored [{c} + {s64}*1], tmm{c_t}",
+            a = in(reg) ap, b = in(reg) bp, c = in(reg) cp,
+            sa = in(reg) sa, s64 = in(reg) 64usize,
+            a_t = const A, b_t = const B, c_t = const C,
+            options(nostack, preserves_flags),
+        )
+    }
+}
+
+/// Two tile products sharing B (A in tmm4 and tmm5, the second `ra · sa` bytes further; C in
+/// tiles `C` and `C + 1`, the second stored `ra · 64` bytes further).
+///
+/// # Safety
+/// As [`block_tiles`].
+#[inline(always)]
+unsafe fn two_products<const C: u8, const B: u8>(
+    ap: *const u8,
+    sa: usize,
+    bp: *const u8,
+    cp: *mut u8,
+    ra: usize,
+) {
+    // SAFETY: (caller) as `block_tiles`; the second A and C are inside the same buffers.
+    unsafe {
+        asm!(
+            "tileloadd tmm4, [{a} + {sa}*1]",
+            "tileloadd tmm5, [{a2} + {sa}*1]",
+            "tileloadd tmm{b_t}, [{b} + {s64}*1]",
+            "tilezero tmm{c0}",
+            "tilezero tmm{c1}",
+            "tdpbssd tmm{c0}, tmm4, tmm{b_t}",
+            "tdpbssd tmm{c1}, tmm5, tmm{b_t}",
+            "tilestored [{c} + {s64}*1], tmm{c0}",
+            "tilestored [{c2} + {s64}*1], tmm{c1}",
+            a = in(reg) ap, a2 = in(reg) ap.add(ra * sa), b = in(reg) bp,
+            c = in(reg) cp, c2 = in(reg) cp.add(ra * 64),
+            sa = in(reg) sa, s64 = in(reg) 64usize,
+            b_t = const B, c0 = const C, c1 = const C + 1,
+            options(nostack, preserves_flags),
+        )
     }
 }
 
