@@ -24,7 +24,12 @@ fn main() -> anyhow::Result<()> {
     let engine = Engine::load(Path::new(&path), &EngineOptions::default(), &mut |_, _| {})?;
     let model = &engine.model;
     let vocab = model.cfg.vocab_size as u32;
-    let reps = 40;
+    // VERIFY_REPS: more passes per size (e.g. to profile the passes rather than the prefill).
+    let reps: usize = std::env::var("VERIFY_REPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40)
+        .max(1);
     println!("threads: {}, committed context: {ctx}", engine.threads());
     println!("| T | µs per pass (median of {reps}) | pass(T) / pass(1) | r per extra row |");
     println!("|---|---|---|---|");

@@ -11,6 +11,8 @@
 //! - [`weighted_part`]: `hd` in groups of 64 values (4 registers), even and odd keys in two
 //!   accumulator sets (8 independent FMA chains), continued from and stored back to memory so
 //!   that several query rows can take turns over one block of values while it is in L1.
+//! - [`weighted_rows`]: the same chains for up to three query rows at once over a block of
+//!   committed values, each value row loaded once for all of them (a lone row is load-bound).
 //!
 //! Shapes: q and every key/value row are `hd` f32 (any hd; the last 16-lane chunk is masked).
 
@@ -248,6 +250,158 @@ pub unsafe fn weighted_part(p: &[f32], keys: &Keys, k0: usize, k1: usize, acc: &
             unsafe {
                 _mm512_mask_storeu_ps(even_acc.as_mut_ptr().add(o), mask[c], ch[0][c]);
                 _mm512_mask_storeu_ps(odd_acc.as_mut_ptr().add(o), mask[c], ch[1][c]);
+            }
+        }
+    }
+}
+
+/// [`weighted_part`] for several query rows over committed keys `k0..k1` (`k0` even): row i's
+/// weights are `scores[i·width..]`, its chains `acc[i·2hd..(i + 1)·2hd]`. Rows go in threes:
+/// each pair of value rows is loaded once for three rows (one row alone issues five loads per
+/// four FMAs, and loads were its bound). Every row's chains are exactly [`weighted_part`]'s.
+///
+/// # Safety
+/// The CPU must have AVX-512 F.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn weighted_rows(
+    scores: &[f32],
+    width: usize,
+    keys: &Keys,
+    k0: usize,
+    k1: usize,
+    acc: &mut [f32],
+) {
+    let hd = keys.hd;
+    let rows = acc.len() / (2 * hd);
+    assert!(acc.len() == rows * 2 * hd && k0.is_multiple_of(2) && k0 <= k1 && k1 <= keys.committed);
+    assert!(rows == 0 || (rows - 1) * width + k1 <= scores.len());
+    let mut i = 0;
+    // SAFETY (all three): the CPU has AVX-512 F (this function's contract); rows i.. exist.
+    while rows - i >= 3 {
+        unsafe {
+            weighted_group::<3>(
+                &scores[i * width..],
+                width,
+                keys,
+                k0,
+                k1,
+                &mut acc[i * 2 * hd..],
+            )
+        };
+        i += 3;
+    }
+    match rows - i {
+        2 => unsafe {
+            weighted_group::<2>(
+                &scores[i * width..],
+                width,
+                keys,
+                k0,
+                k1,
+                &mut acc[i * 2 * hd..],
+            )
+        },
+        1 => unsafe {
+            weighted_group::<1>(
+                &scores[i * width..],
+                width,
+                keys,
+                k0,
+                k1,
+                &mut acc[i * 2 * hd..],
+            )
+        },
+        _ => {}
+    }
+}
+
+/// [`weighted_rows`] for exactly `R` rows (R ≤ 3: 8·R accumulators, 2·R weights and two
+/// values in the 32 registers).
+#[target_feature(enable = "avx512f")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // c and r index masks, offsets and accumulator sets.
+unsafe fn weighted_group<const R: usize>(
+    scores: &[f32],
+    width: usize,
+    keys: &Keys,
+    k0: usize,
+    k1: usize,
+    acc: &mut [f32],
+) {
+    const GROUP: usize = 4;
+    let (hd, stride) = (keys.hd, keys.stride);
+    assert!(acc.len() >= R * 2 * hd && (R - 1) * width + k1 <= scores.len());
+    if k1 == k0 {
+        return;
+    }
+    assert!((k1 - 1) * stride + keys.off + hd <= keys.cache.len());
+    // SAFETY: committed key k < k1 is `hd` floats at `off + k·stride` inside the cache
+    // (asserted for the last one); loads are masked to lanes < hd.
+    let row = |k: usize| unsafe { keys.cache.as_ptr().add(keys.off + k * stride) };
+    let nc = hd.div_ceil(LANES);
+    for c0 in (0..nc).step_by(GROUP) {
+        let g = (nc - c0).min(GROUP);
+        // Chunks past hd: mask 0 at an in-row offset (nothing read, nothing stored).
+        let mut mask = [0 as __mmask16; GROUP];
+        let mut off = [c0 * LANES; GROUP];
+        for c in 0..g {
+            mask[c] = chunk_mask(hd, c0 + c);
+            off[c] = (c0 + c) * LANES;
+        }
+        let mut ch = [[[_mm512_setzero_ps(); GROUP]; 2]; R];
+        for r in 0..R {
+            let (even, odd) = acc[r * 2 * hd..(r + 1) * 2 * hd].split_at(hd);
+            for c in 0..g {
+                ch[r][0][c] = load_chunk(even, c0 + c);
+                ch[r][1][c] = load_chunk(odd, c0 + c);
+            }
+        }
+        let mut k = k0;
+        while k + 2 <= k1 {
+            let (r0, r1) = (row(k), row(k + 1));
+            let mut w = [[_mm512_setzero_ps(); 2]; R];
+            for r in 0..R {
+                w[r] = [
+                    _mm512_set1_ps(scores[r * width + k]),
+                    _mm512_set1_ps(scores[r * width + k + 1]),
+                ];
+            }
+            for c in 0..GROUP {
+                // SAFETY: see `row`; `off[c]` is inside the row and the mask covers lanes < hd.
+                let (v0, v1) = unsafe {
+                    (
+                        _mm512_maskz_loadu_ps(mask[c], r0.add(off[c])),
+                        _mm512_maskz_loadu_ps(mask[c], r1.add(off[c])),
+                    )
+                };
+                for r in 0..R {
+                    ch[r][0][c] = _mm512_fmadd_ps(w[r][0], v0, ch[r][0][c]);
+                    ch[r][1][c] = _mm512_fmadd_ps(w[r][1], v1, ch[r][1][c]);
+                }
+            }
+            k += 2;
+        }
+        if k < k1 {
+            // An odd last key: k is even (k0 is), so the even chains.
+            let r0 = row(k);
+            for c in 0..GROUP {
+                // SAFETY: as above.
+                let v = unsafe { _mm512_maskz_loadu_ps(mask[c], r0.add(off[c])) };
+                for r in 0..R {
+                    let w = _mm512_set1_ps(scores[r * width + k]);
+                    ch[r][0][c] = _mm512_fmadd_ps(w, v, ch[r][0][c]);
+                }
+            }
+        }
+        for r in 0..R {
+            let (even, odd) = acc[r * 2 * hd..(r + 1) * 2 * hd].split_at_mut(hd);
+            for c in 0..g {
+                let o = (c0 + c) * LANES;
+                // SAFETY: masked to the lanes inside the two halves of this row's chains.
+                unsafe {
+                    _mm512_mask_storeu_ps(even.as_mut_ptr().add(o), mask[c], ch[r][0][c]);
+                    _mm512_mask_storeu_ps(odd.as_mut_ptr().add(o), mask[c], ch[r][1][c]);
+                }
             }
         }
     }

@@ -71,6 +71,21 @@ trait Lanes {
     fn exp_sum(s: &mut [f32], max: f32) -> f32;
     /// The output chains `acc` ([2, hd]) continued over values `k0..k1` ([`lanes::weighted_part`]).
     fn weighted_part(p: &[f32], values: &Keys, k0: usize, k1: usize, acc: &mut [f32]);
+    /// [`weighted_part`](Self::weighted_part) for several query rows over committed values
+    /// `k0..k1` (`k0` even): row i's weights are `scores[i·width..]`, its chains
+    /// `acc[i·2hd..(i + 1)·2hd]`. Kernels may share value loads between rows.
+    fn weighted_rows(
+        scores: &[f32],
+        width: usize,
+        values: &Keys,
+        k0: usize,
+        k1: usize,
+        acc: &mut [f32],
+    ) {
+        for (i, a) in acc.chunks_exact_mut(2 * values.hd).enumerate() {
+            Self::weighted_part(&scores[i * width..], values, k0, k1, a);
+        }
+    }
 }
 
 /// [`lanes`] as written: the twin, and the kernel of CPUs without AVX2.
@@ -107,7 +122,7 @@ struct Avx2Fma;
 /// `attention_tree_with` for an `AttnIsa` that `AttnIsa::is_supported` confirmed on this CPU.
 #[cfg(target_arch = "x86_64")]
 macro_rules! forward_lanes {
-    ($ty:ident, $m:ident) => {
+    ($ty:ident, $m:ident $(, weighted_rows: $rows:ident)?) => {
         impl Lanes for $ty {
             fn scores16(q: &[f32], keys: &Keys, k0: usize, scale: f32, out: &mut [f32]) {
                 unsafe { $m::scores16(q, keys, k0, scale, out) }
@@ -124,6 +139,18 @@ macro_rules! forward_lanes {
             fn weighted_part(p: &[f32], values: &Keys, k0: usize, k1: usize, acc: &mut [f32]) {
                 unsafe { $m::weighted_part(p, values, k0, k1, acc) }
             }
+            $(
+                fn weighted_rows(
+                    scores: &[f32],
+                    width: usize,
+                    values: &Keys,
+                    k0: usize,
+                    k1: usize,
+                    acc: &mut [f32],
+                ) {
+                    unsafe { $m::$rows(scores, width, values, k0, k1, acc) }
+                }
+            )?
         }
     };
 }
@@ -136,7 +163,7 @@ forward_lanes!(Avx2Fma, avx2);
 struct Avx512;
 
 #[cfg(target_arch = "x86_64")]
-forward_lanes!(Avx512, avx512);
+forward_lanes!(Avx512, avx512, weighted_rows: weighted_rows);
 
 /// The instruction sets of the attention kernels (all compute the same bits).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -354,10 +381,7 @@ fn run<L: Lanes>((q, k_cache, v_cache, committed, tree, shape, scale, out): Args
             let shared = keys_of(v_cache, 0);
             for k0 in (0..committed).step_by(VALUE_BLOCK) {
                 let k1 = (k0 + VALUE_BLOCK).min(committed);
-                for j in 0..n_q {
-                    let (p, a) = (&scores[j * width..], &mut acc[j * 2 * hd..(j + 1) * 2 * hd]);
-                    L::weighted_part(p, &shared, k0, k1, a);
-                }
+                L::weighted_rows(scores, width, &shared, k0, k1, acc);
             }
             for (j, &inv) in inv.iter().enumerate().take(n_q) {
                 let values = keys_of(v_cache, j);
