@@ -63,6 +63,29 @@ fn dot(q: &[f32], k: &[f32]) -> f32 {
     reduce(lo, hi)
 }
 
+/// `out[i·width + k] = (qs[i] · key(k)) · scale` for the committed keys `k0..k1` (multiples
+/// of 16), [`scores16`] row by row.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn scores_rows(
+    qs: &[&[f32]],
+    keys: &Keys,
+    k0: usize,
+    k1: usize,
+    scale: f32,
+    width: usize,
+    out: &mut [f32],
+) {
+    for (i, q) in qs.iter().enumerate() {
+        for k in (k0..k1).step_by(LANES) {
+            // SAFETY: AVX2 and FMA (this function's contract).
+            unsafe { scores16(q, keys, k, scale, &mut out[i * width + k..]) };
+        }
+    }
+}
+
 /// `out[j] = (q · key(k0 + j)) · scale` for j < 16.
 ///
 /// # Safety

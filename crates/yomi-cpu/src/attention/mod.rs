@@ -61,8 +61,6 @@ impl Keys<'_> {
 
 /// The attention arithmetic of one instruction set, in the order of [`lanes`].
 trait Lanes {
-    /// `out[j] = (q · key(k0 + j)) · scale` for j < 16.
-    fn scores16(q: &[f32], keys: &Keys, k0: usize, scale: f32, out: &mut [f32]);
     /// `(q · k) · scale`.
     fn score1(q: &[f32], k: &[f32], scale: f32) -> f32;
     /// The largest of `s` (−∞ when empty; NaNs ignored where the instruction set can).
@@ -71,6 +69,17 @@ trait Lanes {
     fn exp_sum(s: &mut [f32], max: f32) -> f32;
     /// The output chains `acc` ([2, hd]) continued over values `k0..k1` ([`lanes::weighted_part`]).
     fn weighted_part(p: &[f32], values: &Keys, k0: usize, k1: usize, acc: &mut [f32]);
+    /// `out[i·width + k] = (qs[i] · key(k)) · scale` for the committed keys `k0..k1`
+    /// (multiples of 16). Kernels may share key loads between rows.
+    fn scores_rows(
+        qs: &[&[f32]],
+        keys: &Keys,
+        k0: usize,
+        k1: usize,
+        scale: f32,
+        width: usize,
+        out: &mut [f32],
+    );
     /// [`weighted_part`](Self::weighted_part) for several query rows over committed values
     /// `k0..k1` (`k0` even): row i's weights are `scores[i·width..]`, its chains
     /// `acc[i·2hd..(i + 1)·2hd]`. Kernels may share value loads between rows.
@@ -92,9 +101,19 @@ trait Lanes {
 struct Portable;
 
 impl Lanes for Portable {
-    fn scores16(q: &[f32], keys: &Keys, k0: usize, scale: f32, out: &mut [f32]) {
-        for (j, o) in out[..lanes::LANES].iter_mut().enumerate() {
-            *o = lanes::dot(q, keys.row(k0 + j)) * scale;
+    fn scores_rows(
+        qs: &[&[f32]],
+        keys: &Keys,
+        k0: usize,
+        k1: usize,
+        scale: f32,
+        width: usize,
+        out: &mut [f32],
+    ) {
+        for (i, q) in qs.iter().enumerate() {
+            for k in k0..k1 {
+                out[i * width + k] = lanes::dot(q, keys.row(k)) * scale;
+            }
         }
     }
     fn score1(q: &[f32], k: &[f32], scale: f32) -> f32 {
@@ -122,10 +141,18 @@ struct Avx2Fma;
 /// `attention_tree_with` for an `AttnIsa` that `AttnIsa::is_supported` confirmed on this CPU.
 #[cfg(target_arch = "x86_64")]
 macro_rules! forward_lanes {
-    ($ty:ident, $m:ident $(, weighted_rows: $rows:ident)?) => {
+    ($ty:ident, $m:ident $(, $weighted_rows:ident)?) => {
         impl Lanes for $ty {
-            fn scores16(q: &[f32], keys: &Keys, k0: usize, scale: f32, out: &mut [f32]) {
-                unsafe { $m::scores16(q, keys, k0, scale, out) }
+            fn scores_rows(
+                qs: &[&[f32]],
+                keys: &Keys,
+                k0: usize,
+                k1: usize,
+                scale: f32,
+                width: usize,
+                out: &mut [f32],
+            ) {
+                unsafe { $m::scores_rows(qs, keys, k0, k1, scale, width, out) }
             }
             fn score1(q: &[f32], k: &[f32], scale: f32) -> f32 {
                 unsafe { $m::score1(q, k, scale) }
@@ -148,7 +175,7 @@ macro_rules! forward_lanes {
                     k1: usize,
                     acc: &mut [f32],
                 ) {
-                    unsafe { $m::$rows(scores, width, values, k0, k1, acc) }
+                    unsafe { $m::$weighted_rows(scores, width, values, k0, k1, acc) }
                 }
             )?
         }
@@ -163,7 +190,7 @@ forward_lanes!(Avx2Fma, avx2);
 struct Avx512;
 
 #[cfg(target_arch = "x86_64")]
-forward_lanes!(Avx512, avx512, weighted_rows: weighted_rows);
+forward_lanes!(Avx512, avx512, weighted_rows);
 
 /// The instruction sets of the attention kernels (all compute the same bits).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -214,9 +241,12 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
-/// Committed keys per block that a task's query rows take turns over (scores: 16-key kernels;
-/// values: one block of 32 rows stays in L1 while every query row of the task passes).
+/// Committed values per block that a task's query rows take turns over (one block of 32 rows
+/// stays in L1 while every query row of the task passes).
 const VALUE_BLOCK: usize = 32;
+/// Committed keys per block of the scores (a multiple of 16; 64 keys of one KV head are
+/// 16 KiB at hd = 64, 64 KiB at hd = 256, and stay in L1/L2 while the task's rows pass).
+const SCORE_BLOCK: usize = 64;
 /// Query rows per task at most.
 const MAX_QUERIES: usize = 8;
 
@@ -356,13 +386,14 @@ fn run<L: Lanes>((q, k_cache, v_cache, committed, tree, shape, scale, out): Args
                 let (i, h) = query(j);
                 &q[(i * n_heads + h) * hd..][..hd]
             };
-            // Scores: committed 16-key blocks shared, then each row's tail and path.
+            // Scores: committed blocks shared (whole 16-key groups), then each row's tail and
+            // path.
             let blocks = committed / lanes::LANES * lanes::LANES;
             let shared = keys_of(k_cache, 0);
-            for k0 in (0..blocks).step_by(lanes::LANES) {
-                for j in 0..n_q {
-                    L::scores16(qv(j), &shared, k0, scale, &mut scores[j * width + k0..]);
-                }
+            let qs: [&[f32]; MAX_QUERIES] = std::array::from_fn(|j| qv(j.min(n_q - 1)));
+            for k0 in (0..blocks).step_by(SCORE_BLOCK) {
+                let k1 = (k0 + SCORE_BLOCK).min(blocks);
+                L::scores_rows(&qs[..n_q], &shared, k0, k1, scale, width, scores);
             }
             for j in 0..n_q {
                 let keys = keys_of(k_cache, j);
