@@ -312,6 +312,31 @@ type Args<'a> = (
     &'a mut [f32],
 );
 
+/// Query rows per task, for `per_kv` query rows of each of `n_kv` KV heads on `threads`
+/// threads. About 8 tasks per thread (4 left a thread idle for 10–15% of a 4–8-row verify
+/// pass; 16 lose more to re-reading K/V than they gain in balance, measured with
+/// `verify_cost`), then as many rows per task as allowed; but a task of a whole GQA group
+/// shares its K/V loads between the group's heads (a 3-row task costs about 1.6 one-row
+/// tasks, `attn_bench`), so it is taken when its makespan, rounds of tasks times task cost,
+/// is smaller: a one-row pass on 2 threads runs 3 tasks of 3 rows instead of 9 of one.
+fn rows_per_task(n_kv: usize, per_kv: usize, group: usize, threads: usize) -> usize {
+    let threads = threads.max(1);
+    let balanced = (n_kv * per_kv / (8 * threads)).clamp(1, MAX_QUERIES);
+    let grouped = group.min(per_kv).clamp(1, MAX_QUERIES);
+    if grouped <= balanced {
+        return balanced;
+    }
+    let makespan = |rows: usize| {
+        let rounds = (n_kv * per_kv.div_ceil(rows)).div_ceil(threads);
+        rounds as f32 * (1.0 + 0.3 * (rows - 1) as f32)
+    };
+    if makespan(grouped) < makespan(balanced) {
+        grouped
+    } else {
+        balanced
+    }
+}
+
 /// Tasks of up to [`MAX_QUERIES`] query rows of one KV head (GQA heads and tree rows together),
 /// in parallel. A task reads each block of committed keys and values once from L2 for all its
 /// query rows; each query row then adds its own path. The per-row arithmetic is that of
@@ -331,13 +356,9 @@ fn run<L: Lanes>((q, k_cache, v_cache, committed, tree, shape, scale, out): Args
     if t == 0 {
         return;
     }
-    // Query rows of one KV head: u = i · group + g (tree row i, head kvh · group + g). About 8
-    // tasks per thread (4 left a thread idle for 10–15% of a 4–8-row verify pass; 16 lose
-    // more to re-reading K/V than they gain in balance, measured with `verify_cost`), then as
-    // many rows per task as allowed.
+    // Query rows of one KV head: u = i · group + g (tree row i, head kvh · group + g).
     let per_kv = t * group;
-    let want_tasks = 8 * rayon::current_num_threads();
-    let rows = (n_kv * per_kv / want_tasks).clamp(1, MAX_QUERIES);
+    let rows = rows_per_task(n_kv, per_kv, group, rayon::current_num_threads());
     let tasks_per_kv = per_kv.div_ceil(rows);
     let width = committed + t; // scores per query row, at most
     // Tasks write their own query rows' `hd` values of `out` (disjoint, see below).
@@ -510,6 +531,18 @@ mod tests {
             .collect();
         println!("attention kernels on this CPU: {v:?}");
         v
+    }
+
+    #[test]
+    fn one_row_passes_share_kv_between_gqa_heads_when_it_pays() {
+        // SmolLM2 (3 KV heads of 3 query heads), one row: 3 tasks of 3 on 2 threads, but on
+        // 64 threads 9 tasks of one (3 tasks would leave 61 threads idle and take longer).
+        assert_eq!(rows_per_task(3, 3, 3, 2), 3);
+        assert_eq!(rows_per_task(3, 3, 3, 64), 1);
+        // Qwen3.5 (4 KV heads of 4), one row on 4 threads: 4 tasks of 4.
+        assert_eq!(rows_per_task(4, 4, 4, 4), 4);
+        // Long trees keep the balanced size: T = 16 on 2 threads, 144 rows → 8 per task.
+        assert_eq!(rows_per_task(3, 48, 3, 2), 8);
     }
 
     #[test]
