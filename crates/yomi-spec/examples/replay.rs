@@ -1,0 +1,171 @@
+//! Replays recorded greedy generations through the suffix drafter, without a model: because a
+//! greedy output does not depend on the drafter, the accepted path of every pass is known from
+//! the recording, so tokens per pass and drafted rows are exact. The predicted speed-up charges
+//! a pass 1 + r · drafts (r = one more row's cost relative to a one-row pass, as the engine
+//! measures it) against one per token for plain decoding.
+//!
+//! Input files: two lines of comma-separated token ids, the prompt and the output (e.g.
+//! `prompt_ids` and `output_ids` of `yomi run --json`).
+//!
+//! cargo run --release -p yomi-spec --example replay -- [--r 0.25] [--budget 16] FILE...
+
+use std::process::ExitCode;
+
+use yomi_core::TreeBatch;
+use yomi_spec::{DraftTree, Drafter, SuffixConfig, SuffixDrafter, accept};
+
+struct Replay {
+    tokens: usize,
+    passes: usize,
+    drafted: usize,
+    cost: f64,
+}
+
+fn replay(prompt: &[u32], output: &[u32], r: f32, budget: usize) -> Replay {
+    let mut d = SuffixDrafter::new(config());
+    d.set_row_cost(r);
+    let mut context: Vec<u32> = prompt.to_vec();
+    context.push(output[0]);
+    let mut draft = DraftTree::new();
+    let mut accepted = Vec::new();
+    let mut samples = Vec::new();
+    let (mut i, mut passes, mut drafted, mut cost) = (0usize, 0usize, 0usize, 0f64);
+    while i + 1 < output.len() {
+        draft.reset(output[i]);
+        let max_depth = output.len() - i - 2;
+        if max_depth > 0 {
+            d.propose(&context, budget, &mut draft);
+            draft.trim(budget, max_depth as u32);
+        }
+        // The target's sample at a row is the recorded token after the row's path when the
+        // path is the recording's, anything else otherwise (then no child can match).
+        let tree = TreeBatch::from_parents(draft.parents()).expect("drafter trees are valid");
+        samples.clear();
+        let mut on_path = vec![false; draft.len()];
+        for row in 0..draft.len() {
+            let depth = draft.depth(row) as usize;
+            let p = draft.parents()[row];
+            on_path[row] =
+                row == 0 || (on_path[p as usize] && draft.tokens()[row] == output[i + depth]);
+            samples.push(if on_path[row] {
+                output[i + depth + 1]
+            } else {
+                u32::MAX
+            });
+        }
+        let bonus = accept(&tree, draft.tokens(), &samples, &mut accepted);
+        let a = accepted.len() - 1;
+        if std::env::var_os("REPLAY_TRACE").is_some() {
+            let mut occ = Vec::new();
+            let m = d.index().find(64, 16, &mut occ);
+            // The longest run the recording copies from the best occurrence.
+            let mut run = 0;
+            if let Some(&j) = occ.first() {
+                while i + 1 + run < output.len()
+                    && d.index().token(j as usize + 1 + run) == Some(output[i + 1 + run])
+                {
+                    run += 1;
+                }
+            }
+            eprintln!(
+                "TRACE i={i} m={m} occ={} drafted={} depth={} acc={a} run={run}",
+                occ.len(),
+                draft.num_drafts(),
+                draft.max_depth()
+            );
+        }
+        if draft.num_drafts() > 0 {
+            d.observe(a, draft.num_drafts());
+        }
+        debug_assert_eq!(bonus, output[i + a + 1]);
+        passes += 1;
+        drafted += draft.num_drafts();
+        cost += 1.0 + r as f64 * draft.num_drafts() as f64;
+        context.extend_from_slice(&output[i + 1..=i + a + 1]);
+        i += a + 1;
+    }
+    Replay {
+        tokens: output.len() - 1,
+        passes,
+        drafted,
+        cost,
+    }
+}
+
+/// The default settings, with `REPLAY_CFG=name=value,…` overrides (for tuning).
+fn config() -> SuffixConfig {
+    let mut c = SuffixConfig::default();
+    for kv in std::env::var("REPLAY_CFG").unwrap_or_default().split(',') {
+        let Some((k, v)) = kv.split_once('=') else {
+            continue;
+        };
+        let f: f32 = v.parse().unwrap_or(f32::NAN);
+        match k {
+            "max_match" => c.max_match = f as usize,
+            "min_match" => c.min_match = f as usize,
+            "max_occurrences" => c.max_occurrences = f as usize,
+            "min_frequency" => c.min_frequency = f,
+            "spec_factor" => c.spec_factor = f,
+            "prior_accept" => c.prior_accept = f,
+            "prior_weight" => c.prior_weight = f,
+            "decay" => c.decay = f,
+            "min_pause" => c.min_pause = f as u32,
+            "max_pause" => c.max_pause = f as u32,
+            _ => eprintln!("unknown setting {k}"),
+        }
+    }
+    c
+}
+
+fn ids(line: &str) -> Result<Vec<u32>, String> {
+    line.split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| {
+            s.trim()
+                .parse::<u32>()
+                .map_err(|e| format!("bad id {s:?}: {e}"))
+        })
+        .collect()
+}
+
+fn main() -> ExitCode {
+    let mut r = 0.25f32;
+    let mut budget = 16usize;
+    let mut files = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--r" => r = args.next().and_then(|v| v.parse().ok()).unwrap_or(r),
+            "--budget" => budget = args.next().and_then(|v| v.parse().ok()).unwrap_or(budget),
+            _ => files.push(a),
+        }
+    }
+    println!("| file | tokens | tokens/pass | drafted/pass | predicted speed-up at r = {r} |");
+    println!("|---|---|---|---|---|");
+    for f in files {
+        let text = match std::fs::read_to_string(&f) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("{f}: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let mut lines = text.lines();
+        let (prompt, output) = match (lines.next().map(ids), lines.next().map(ids)) {
+            (Some(Ok(p)), Some(Ok(o))) if o.len() >= 2 => (p, o),
+            _ => {
+                eprintln!("{f}: expected two lines of token ids (prompt, output of ≥ 2 tokens)");
+                return ExitCode::FAILURE;
+            }
+        };
+        let s = replay(&prompt, &output, r, budget);
+        println!(
+            "| {f} | {} | {:.2} | {:.2} | {:.2}x |",
+            s.tokens,
+            s.tokens as f64 / s.passes as f64,
+            s.drafted as f64 / s.passes as f64,
+            s.tokens as f64 / s.cost
+        );
+    }
+    ExitCode::SUCCESS
+}
