@@ -5,7 +5,10 @@
 //! measures it) against one per token for plain decoding.
 //!
 //! Input files: two lines of comma-separated token ids, the prompt and the output (e.g.
-//! `prompt_ids` and `output_ids` of `yomi run --json`).
+//! `prompt_ids` and `output_ids` of `yomi run --json`; `bench/spec_cpu.py --record DIR` writes
+//! them for its prompts). `REPLAY_TRACE=1` prints every pass (match length, drafts, accepted,
+//! and how far the recording actually copies the matched occurrence); `REPLAY_CFG=decay=0.9,…`
+//! overrides drafter settings, for tuning on recordings rather than on noisy timings.
 //!
 //! cargo run --release -p yomi-spec --example replay -- [--r 0.25] [--budget 16] FILE...
 
