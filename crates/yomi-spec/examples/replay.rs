@@ -113,6 +113,7 @@ fn config() -> SuffixConfig {
             "prior_weight" => c.prior_weight = f,
             "decay" => c.decay = f,
             "min_pause" => c.min_pause = f as u32,
+            "substitutions" => c.substitutions = f != 0.0,
             "max_pause" => c.max_pause = f as u32,
             _ => eprintln!("unknown setting {k}"),
         }

@@ -11,9 +11,11 @@
 //! would have drawn at that position: speculation changes speed, never output.
 
 mod draft_tree;
+mod substitute;
 mod suffix;
 
 pub use draft_tree::DraftTree;
+pub use substitute::Substitutions;
 pub use suffix::{SuffixConfig, SuffixDrafter, SuffixIndex, SuffixStats};
 
 use yomi_core::TreeBatch;
