@@ -935,26 +935,7 @@ mod tests {
     /// Brute force: the longest earlier-ending suffix match (capped) and all its end positions,
     /// most recent first.
     fn brute(toks: &[u32], min: usize, cap: usize) -> (usize, Vec<u32>) {
-        let q = toks.len() - 1;
-        let mut best = 0;
-        let mut occ = Vec::new();
-        for j in (0..q).rev() {
-            let mut k = 0;
-            while k < cap && k <= j && toks[j - k] == toks[q - k] {
-                k += 1;
-            }
-            if k < min {
-                continue;
-            }
-            if k > best {
-                best = k;
-                occ.clear();
-            }
-            if k == best {
-                occ.push(j as u32);
-            }
-        }
-        (best, occ)
+        brute_pattern(toks, toks, min, cap)
     }
 
     #[test]

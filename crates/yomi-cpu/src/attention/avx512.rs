@@ -207,42 +207,18 @@ pub unsafe fn weighted_rows(
     assert!(acc.len() == rows * 2 * hd && k0.is_multiple_of(2) && k0 <= k1 && k1 <= keys.committed);
     assert!(rows == 0 || (rows - 1) * width + k1 <= scores.len());
     let mut i = 0;
-    // SAFETY (all three): the CPU has AVX-512 F (this function's contract); rows i.. exist.
-    while rows - i >= 3 {
+    while i < rows {
+        let n = (rows - i).min(3);
+        let (s, a) = (&scores[i * width..], &mut acc[i * 2 * hd..]);
+        // SAFETY: the CPU has AVX-512 F (this function's contract); rows i..i + n exist.
         unsafe {
-            weighted_group::<3>(
-                &scores[i * width..],
-                width,
-                keys,
-                k0,
-                k1,
-                &mut acc[i * 2 * hd..],
-            )
-        };
-        i += 3;
-    }
-    match rows - i {
-        2 => unsafe {
-            weighted_group::<2>(
-                &scores[i * width..],
-                width,
-                keys,
-                k0,
-                k1,
-                &mut acc[i * 2 * hd..],
-            )
-        },
-        1 => unsafe {
-            weighted_group::<1>(
-                &scores[i * width..],
-                width,
-                keys,
-                k0,
-                k1,
-                &mut acc[i * 2 * hd..],
-            )
-        },
-        _ => {}
+            match n {
+                3 => weighted_group::<3>(s, width, keys, k0, k1, a),
+                2 => weighted_group::<2>(s, width, keys, k0, k1, a),
+                _ => weighted_group::<1>(s, width, keys, k0, k1, a),
+            }
+        }
+        i += n;
     }
 }
 
