@@ -1,5 +1,5 @@
 //! e^x in f32 by a fixed polynomial, defined once in plain Rust and reproduced bit for bit on
-//! 16 AVX-512 lanes, so vector kernels (attention's softmax, SwiGLU) have a scalar twin with
+//! 8 AVX2 and 16 AVX-512 lanes, so vector kernels (attention's softmax, SwiGLU) have a scalar twin with
 //! the same bits and libm's scalar `expf` stays out of the hot loops.
 //!
 //! `x` is clamped to [−87, 88] (f32's normal range), `n = round_even(x · log2 e)`, `r = x − n·ln2`
@@ -43,6 +43,33 @@ pub fn exp(x: f32) -> f32 {
 pub mod x86 {
     use super::*;
     use std::arch::x86_64::*;
+
+    /// [`exp`] on 8 lanes, bit for bit.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA (callers without those target features need `unsafe`).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    pub fn exp8(x: __m256) -> __m256 {
+        let x = _mm256_min_ps(
+            _mm256_max_ps(x, _mm256_set1_ps(EXP_LO)),
+            _mm256_set1_ps(EXP_HI),
+        );
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(x, _mm256_set1_ps(LOG2E)),
+        );
+        let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), x);
+        let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
+        let mut p = _mm256_set1_ps(EXP_POLY[0]);
+        for &k in &EXP_POLY[1..] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(k));
+        }
+        let pow = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_cvtps_epi32(n),
+            _mm256_set1_epi32(127),
+        ));
+        _mm256_mul_ps(p, _mm256_castsi256_ps(pow))
+    }
 
     /// [`exp`] on 16 lanes, bit for bit.
     ///
@@ -89,6 +116,32 @@ mod tests {
         assert!(worst < 5e-7, "exp relative error {worst:e}");
         assert_eq!(exp(f32::NEG_INFINITY), exp(EXP_LO));
         assert_eq!(exp(0.0), 1.0);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn exp8_is_bitwise_exp() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            println!("exp8: no AVX2+FMA on this CPU, only the scalar exp is tested");
+            return;
+        }
+        use std::arch::x86_64::*;
+        let xs: Vec<f32> = (0..4096)
+            .map(|i| -100.0 + 200.0 * i as f32 / 4096.0)
+            .chain([0.0, -0.0, f32::NEG_INFINITY, 1e-30, -1e-30])
+            .collect();
+        for c in xs.chunks(8) {
+            let mut v = [0.0f32; 8];
+            v[..c.len()].copy_from_slice(c);
+            let mut o = [0.0f32; 8];
+            // SAFETY: AVX2 and FMA checked above; 8-float arrays.
+            unsafe {
+                _mm256_storeu_ps(o.as_mut_ptr(), x86::exp8(_mm256_loadu_ps(v.as_ptr())));
+            }
+            for (x, y) in v.iter().zip(&o) {
+                assert_eq!(exp(*x).to_bits(), y.to_bits(), "exp8({x})");
+            }
+        }
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 
 use super::Keys;
 use super::lanes::LANES;
-use crate::exp::{EXP_HI, EXP_LO, EXP_POLY, LN2_HI, LN2_LO, LOG2E};
+use crate::exp::x86::exp8;
 
 /// Mask of the valid lanes of half `h` of 16-lane chunk `c` of an `n`-vector (all-ones lanes).
 #[target_feature(enable = "avx2,fma")]
@@ -104,31 +104,6 @@ pub unsafe fn scores16(q: &[f32], keys: &Keys, k0: usize, scale: f32, out: &mut 
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn score1(q: &[f32], k: &[f32], scale: f32) -> f32 {
     dot(q, k) * scale
-}
-
-/// [`crate::exp::exp`] on 8 lanes, bit for bit.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-fn exp8(x: __m256) -> __m256 {
-    let x = _mm256_min_ps(
-        _mm256_max_ps(x, _mm256_set1_ps(EXP_LO)),
-        _mm256_set1_ps(EXP_HI),
-    );
-    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
-        x,
-        _mm256_set1_ps(LOG2E),
-    ));
-    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), x);
-    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
-    let mut p = _mm256_set1_ps(EXP_POLY[0]);
-    for &k in &EXP_POLY[1..] {
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(k));
-    }
-    let pow = _mm256_slli_epi32::<23>(_mm256_add_epi32(
-        _mm256_cvtps_epi32(n),
-        _mm256_set1_epi32(127),
-    ));
-    _mm256_mul_ps(p, _mm256_castsi256_ps(pow))
 }
 
 /// The largest of `s` (−∞ when empty).

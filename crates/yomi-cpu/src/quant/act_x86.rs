@@ -1,10 +1,10 @@
-//! AVX-512 activation quantization of 32-block pairs ([`PairQ8`], [`PairQ8x2`]), bit for bit
-//! the portable [`super::act`] code (which LLVM leaves scalar: its saturating `as i8` casts do
-//! not vectorise, and a verify pass spent ~15% of its time there).
+//! AVX-512 and AVX2 activation quantization of 32-block pairs ([`PairQ8`], [`PairQ8x2`]), bit
+//! for bit the portable [`super::act`] code (which LLVM leaves scalar: its saturating `as i8`
+//! casts do not vectorise, and a verify pass spent ~15% of its time there).
 //!
 //! Per 32-block, as in `act`: `amax = max |x|`, `d = amax / 127`, `id = 1 / d` (0 when d = 0),
 //! `v = x · id`, `q = clamp(round_even(v), ±127)`; int8×2 adds `r = clamp(round_even((v − q) ·
-//! 256), ±127)` and `d₂ = d / 256`. `round_even` is `vrndscaleps` to nearest, which equals the
+//! 256), ±127)` and `d₂ = d / 256`. `round_even` is `vrndscaleps` (AVX2: `vroundps`) to nearest, which equals the
 //! portable `(v + 1.5·2²³) − 1.5·2²³` for |v| < 2²², and both clamp to ±127 beyond. The sums are
 //! exact integers. Shapes: one row of `cols` values (a multiple of 32) into
 //! `cols.div_ceil(64)` pairs; a row with an odd number of blocks ends in a pair whose second
@@ -18,6 +18,12 @@ use super::act::{PairQ8, PairQ8x2, X2_RATIO};
 pub fn available() -> bool {
     static FLAG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *FLAG.get_or_init(|| is_x86_feature_detected!("avx512f"))
+}
+
+/// Whether this CPU runs [`quantize_pairs_avx2`] (cached).
+pub fn available_avx2() -> bool {
+    static FLAG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FLAG.get_or_init(|| is_x86_feature_detected!("avx2"))
 }
 
 /// A pair kind the AVX-512 quantizer writes.
@@ -130,6 +136,98 @@ pub unsafe fn quantize_pairs<P: PairOut>(x: &[f32], cols: usize, out: &mut [P]) 
                 }
                 let s = _mm512_reduce_add_epi32(sum);
                 pair.set_block(h, qb, P::X2.then_some(rb), d, s);
+            }
+        }
+    }
+}
+
+/// `clamp(round_even(v), ±127)` on 8 lanes (the same operations as [`round_clamp`]).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn round_clamp8(v: __m256) -> __m256 {
+    let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+    _mm256_min_ps(
+        _mm256_max_ps(r, _mm256_set1_ps(-127.0)),
+        _mm256_set1_ps(127.0),
+    )
+}
+
+/// Four vectors of 8 i32 in [−127, 127] (values 0..32 of a block, in order) as two 16-byte
+/// halves of i8.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn narrow32(v: [__m256i; 4]) -> [__m128i; 2] {
+    // The packs work per 128-bit lane: bytes end up as 4-value runs [v0 v1 v2 v3 | v0 v1 v2
+    // v3] (low then high halves of each vector); the dword permutation puts them in order.
+    let w = _mm256_packs_epi16(
+        _mm256_packs_epi32(v[0], v[1]),
+        _mm256_packs_epi32(v[2], v[3]),
+    );
+    let o = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    [_mm256_castsi256_si128(o), _mm256_extracti128_si256::<1>(o)]
+}
+
+/// The sum of 8 i32 lanes.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn hsum8(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// [`quantize_pairs`] on 8 lanes (for CPUs with AVX2 but not AVX-512), bit for bit.
+///
+/// # Safety
+/// The CPU must have AVX2 ([`available_avx2`]).
+#[target_feature(enable = "avx2")]
+pub unsafe fn quantize_pairs_avx2<P: PairOut>(x: &[f32], cols: usize, out: &mut [P]) {
+    let per_row = cols.div_ceil(64);
+    assert!(cols.is_multiple_of(32) && x.len() / cols * per_row == out.len());
+    let sign = _mm256_set1_ps(-0.0);
+    for (xr, or) in x.chunks_exact(cols).zip(out.chunks_exact_mut(per_row)) {
+        for (pair, xs) in or.iter_mut().zip(xr.chunks(64)) {
+            pair.zero();
+            for (h, blk) in xs.chunks_exact(32).enumerate() {
+                // SAFETY: `blk` is 32 readable f32; unaligned loads.
+                let v: [__m256; 4] =
+                    std::array::from_fn(|i| unsafe { _mm256_loadu_ps(blk.as_ptr().add(8 * i)) });
+                let m = v
+                    .iter()
+                    .map(|&x| _mm256_andnot_ps(sign, x))
+                    .reduce(|a, b| _mm256_max_ps(a, b))
+                    .unwrap_or(_mm256_setzero_ps());
+                let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+                let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+                let m = _mm_max_ss(m, _mm_movehdup_ps(m));
+                let amax = _mm_cvtss_f32(m);
+                let d = amax / 127.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                let vid = _mm256_set1_ps(id);
+                let mut q = [_mm256_setzero_si256(); 4];
+                let mut r = [_mm256_setzero_si256(); 4];
+                let mut sum = _mm256_setzero_si256();
+                for i in 0..4 {
+                    let v = _mm256_mul_ps(v[i], vid);
+                    let hi = round_clamp8(v);
+                    q[i] = _mm256_cvtps_epi32(hi);
+                    if P::X2 {
+                        let lo = round_clamp8(_mm256_mul_ps(
+                            _mm256_sub_ps(v, hi),
+                            _mm256_set1_ps(X2_RATIO as f32),
+                        ));
+                        r[i] = _mm256_cvtps_epi32(lo);
+                        sum = _mm256_add_epi32(
+                            sum,
+                            _mm256_add_epi32(_mm256_slli_epi32::<8>(q[i]), r[i]),
+                        );
+                    } else {
+                        sum = _mm256_add_epi32(sum, q[i]);
+                    }
+                }
+                let rb = P::X2.then(|| narrow32(r));
+                pair.set_block(h, narrow32(q), rb, d, hsum8(sum));
             }
         }
     }

@@ -510,6 +510,36 @@ fn activation_quantization_range_and_builds_agree() {
     assert_eq!((last.ds[2], last.ds[3], last.sum[1]), (0.0, 0.0, 0));
 }
 
+/// The AVX2 pair quantizer on its own (where AVX-512 is present the dispatcher picks that one
+/// instead): bit for bit the portable blocks, also for an odd number of 32-blocks per row.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx2_pair_quantizer_matches_portable() {
+    if !super::act_x86::available_avx2() {
+        println!("no AVX2 on this CPU: only the portable quantizer runs here");
+        return;
+    }
+    fn check<A: ActBlock + PartialEqBlock + super::act_x86::PairOut>(x: &[f32], cols: usize) {
+        let mut a = vec![A::default(); x.len() / cols * cols.div_ceil(64)];
+        // SAFETY: AVX2 checked by the caller.
+        unsafe { super::act_x86::quantize_pairs_avx2(x, cols, &mut a) };
+        for (r, xr) in x.chunks(cols).enumerate() {
+            let mut b = Vec::<A>::new();
+            act::quantize_portable(xr, &mut b);
+            let per_row = cols.div_ceil(64);
+            for (i, (p, q)) in a[r * per_row..(r + 1) * per_row].iter().zip(&b).enumerate() {
+                assert!(p.same(q), "row {r} pair {i}");
+            }
+        }
+    }
+    let x = edge_acts();
+    for cols in [x.len(), 32 * 7, 96] {
+        let rows = x.len() / cols;
+        check::<PairQ8>(&x[..rows * cols], cols);
+        check::<PairQ8x2>(&x[..rows * cols], cols);
+    }
+}
+
 /// Rows are quantized separately: a row with an odd block count does not share its last pair
 /// with the next row.
 #[test]
