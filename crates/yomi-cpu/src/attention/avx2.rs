@@ -3,8 +3,10 @@
 //!
 //! The first step of the reference tree (`l + 8`) is the sum of the two halves; the rest is a
 //! horizontal sum of 8 lanes in the same pairing (`l + 4`: 128-bit halves, `l + 2`, `l + 1`).
-//! Keys are reduced one at a time (AVX2 has no cheap 16-register transpose), values run in
-//! groups of 32 floats (4 registers per parity, 8 independent FMA chains).
+//! Committed keys are scored four at a time and reduced together by a transpose-and-add tree
+//! ([`scores4`], when `hd` is a multiple of 16); values run in groups of 32 floats (4
+//! registers per parity, 8 independent FMA chains; [`weighted32`] when `hd` is a multiple of
+//! 32). Other head sizes take the general masked loops.
 //!
 //! Shapes: q and every key/value row are `hd` f32 (any hd; partial halves are masked).
 
@@ -64,7 +66,7 @@ fn dot(q: &[f32], k: &[f32]) -> f32 {
 }
 
 /// `out[i·width + k] = (qs[i] · key(k)) · scale` for the committed keys `k0..k1` (multiples
-/// of 16), [`scores16`] row by row.
+/// of 16): [`scores4`] when `hd` is a multiple of 16, else [`scores16`] row by row.
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA.
@@ -78,11 +80,101 @@ pub unsafe fn scores_rows(
     width: usize,
     out: &mut [f32],
 ) {
+    let hd = keys.hd;
+    assert!(k0.is_multiple_of(LANES) && k1.is_multiple_of(LANES) && k0 <= k1);
+    assert!(k1 <= keys.committed && k1 <= width && qs.len() * width <= out.len());
+    if hd.is_multiple_of(LANES) && k1 > k0 {
+        assert!((k1 - 1) * keys.stride + keys.off + hd <= keys.cache.len());
+        assert!(qs.iter().all(|q| q.len() == hd));
+        let vscale = _mm_set1_ps(scale);
+        for (i, q) in qs.iter().enumerate() {
+            for k in (k0..k1).step_by(4) {
+                // SAFETY: keys k..k + 4 are committed rows of `hd` floats inside the cache
+                // (asserted for the last one); q is `hd` floats; out[i·width + k..][..4] is
+                // inside `out` (k + 4 ≤ k1 ≤ width).
+                unsafe {
+                    scores4(
+                        q.as_ptr(),
+                        keys.cache.as_ptr().add(k * keys.stride + keys.off),
+                        keys.stride,
+                        hd / LANES,
+                        vscale,
+                        out.as_mut_ptr().add(i * width + k),
+                    )
+                };
+            }
+        }
+        return;
+    }
     for (i, q) in qs.iter().enumerate() {
         for k in (k0..k1).step_by(LANES) {
             // SAFETY: AVX2 and FMA (this function's contract).
             unsafe { scores16(q, keys, k, scale, &mut out[i * width + k..]) };
         }
+    }
+}
+
+/// `out[j] = (q · key_j) · scale` for the 4 keys at `k + j·stride` (hd = 16·`nc` floats each),
+/// each exactly [`dot`]'s chains and tree: the lane partials of the 4 keys (two 8-lane chains
+/// each, every q register loaded once for the 4 keys) are reduced together by a transpose-
+/// and-add tree whose stages add the same lanes as [`reduce`] (`l + 8`: the chains, `l + 4`:
+/// 128-bit halves, `l + 2`, `l + 1`), ~3.5 shuffles and adds per key instead of 7 on one
+/// key's latency chain.
+///
+/// # Safety
+/// AVX2 and FMA; `q` and the 4 key rows readable for `16·nc` floats; `out` writable for 4.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn scores4(
+    q: *const f32,
+    k: *const f32,
+    stride: usize,
+    nc: usize,
+    scale: __m128,
+    out: *mut f32,
+) {
+    // SAFETY (all loads and the store): the caller's contract.
+    unsafe {
+        let kp = [k, k.add(stride), k.add(2 * stride), k.add(3 * stride)];
+        let (ql, qh) = (_mm256_loadu_ps(q), _mm256_loadu_ps(q.add(8)));
+        let mut lo = [_mm256_setzero_ps(); 4];
+        let mut hi = [_mm256_setzero_ps(); 4];
+        for j in 0..4 {
+            lo[j] = _mm256_mul_ps(ql, _mm256_loadu_ps(kp[j]));
+            hi[j] = _mm256_mul_ps(qh, _mm256_loadu_ps(kp[j].add(8)));
+        }
+        for c in 1..nc {
+            let (ql, qh) = (
+                _mm256_loadu_ps(q.add(16 * c)),
+                _mm256_loadu_ps(q.add(16 * c + 8)),
+            );
+            for j in 0..4 {
+                lo[j] = _mm256_fmadd_ps(ql, _mm256_loadu_ps(kp[j].add(16 * c)), lo[j]);
+                hi[j] = _mm256_fmadd_ps(qh, _mm256_loadu_ps(kp[j].add(16 * c + 8)), hi[j]);
+            }
+        }
+        let s: [__m256; 4] = std::array::from_fn(|j| _mm256_add_ps(lo[j], hi[j]));
+        // l + 4: [key 0 | key 1] and [key 2 | key 3], 4 lanes each.
+        let half = |a: __m256, b: __m256| {
+            _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(a, b),
+                _mm256_permute2f128_ps::<0x31>(a, b),
+            )
+        };
+        let (t0, t1) = (half(s[0], s[1]), half(s[2], s[3]));
+        // l + 2: [k0 k0 k2 k2 | k1 k1 k3 k3].
+        let (a, b) = (_mm256_castps_pd(t0), _mm256_castps_pd(t1));
+        let u = _mm256_add_ps(
+            _mm256_castpd_ps(_mm256_unpacklo_pd(a, b)),
+            _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)),
+        );
+        // l + 1: [k0 k2 k0 k2 | k1 k3 k1 k3], then interleaved into key order.
+        let v = _mm256_add_ps(
+            _mm256_shuffle_ps::<0x88>(u, u),
+            _mm256_shuffle_ps::<0xDD>(u, u),
+        );
+        let r = _mm_unpacklo_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        _mm_storeu_ps(out, _mm_mul_ps(r, scale));
     }
 }
 
@@ -164,6 +256,10 @@ pub unsafe fn weighted_part(p: &[f32], keys: &Keys, k0: usize, k1: usize, acc: &
     const GROUP: usize = 4; // 8-float registers per parity
     let hd = keys.hd;
     assert!(acc.len() == 2 * hd && k1 <= p.len() && k1 <= keys.len());
+    if hd.is_multiple_of(8 * GROUP) {
+        // SAFETY: AVX2 and FMA (this function's contract); the shapes were just checked.
+        return unsafe { weighted32(p, keys, k0, k1, acc) };
+    }
     let (even, odd) = acc.split_at_mut(hd);
     let nv = hd.div_ceil(8);
     for v0 in (0..nv).step_by(GROUP) {
@@ -205,6 +301,79 @@ pub unsafe fn weighted_part(p: &[f32], keys: &Keys, k0: usize, k1: usize, acc: &
             unsafe {
                 _mm256_maskstore_ps(even.as_mut_ptr().add(start), m, ch[0][v]);
                 _mm256_maskstore_ps(odd.as_mut_ptr().add(start), m, ch[1][v]);
+            }
+        }
+    }
+}
+
+/// `ch[v] += w · r[8v..8v + 8]` for v < 4.
+///
+/// # Safety
+/// AVX2 and FMA; `r` readable for 32 floats.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn step32(ch: &mut [__m256; 4], w: f32, r: *const f32) {
+    let w = _mm256_set1_ps(w);
+    for (v, c) in ch.iter_mut().enumerate() {
+        // SAFETY: the caller's contract.
+        *c = _mm256_fmadd_ps(w, unsafe { _mm256_loadu_ps(r.add(8 * v)) }, *c);
+    }
+}
+
+/// [`weighted_part`] for `hd` a multiple of 32: 32 floats at a time (4 registers per parity, 8
+/// independent FMA chains), committed values read straight from the cache rows, the loops of
+/// fixed length so that the chains stay in registers (the general loop spilled them and
+/// branched per register). Every chain adds its keys in order, as the reference does.
+///
+/// # Safety
+/// AVX2 and FMA; `acc.len() == 2·hd`, `k1 ≤ p.len()`, `k1 ≤ keys.len()`, `hd % 32 == 0`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn weighted32(p: &[f32], keys: &Keys, k0: usize, k1: usize, acc: &mut [f32]) {
+    let (hd, stride) = (keys.hd, keys.stride);
+    assert!(hd.is_multiple_of(32) && acc.len() == 2 * hd && k1 <= p.len() && k1 <= keys.len());
+    let c1 = keys.committed.clamp(k0, k1);
+    if c1 > k0 {
+        assert!((c1 - 1) * stride + keys.off + hd <= keys.cache.len());
+    }
+    let (even, odd) = acc.split_at_mut(hd);
+    for f0 in (0..hd).step_by(32) {
+        // SAFETY: floats f0..f0 + 32 of each half of `acc` (f0 + 32 ≤ hd).
+        let mut ch: [[__m256; 4]; 2] = unsafe {
+            [
+                std::array::from_fn(|v| _mm256_loadu_ps(even.as_ptr().add(f0 + 8 * v))),
+                std::array::from_fn(|v| _mm256_loadu_ps(odd.as_ptr().add(f0 + 8 * v))),
+            ]
+        };
+        // SAFETY: committed key k < c1 is `hd` floats at `off + k·stride` inside the cache
+        // (asserted for the last one), so floats f0..f0 + 32 of it are readable.
+        let row = |k: usize| unsafe { keys.cache.as_ptr().add(keys.off + k * stride + f0) };
+        let [ev, od] = &mut ch;
+        let mut k = k0;
+        // SAFETY (every step32): `row(k)` for committed k, else the path key's own row.
+        unsafe {
+            if k % 2 == 1 && k < c1 {
+                step32(od, p[k], row(k));
+                k += 1;
+            }
+            while k + 2 <= c1 {
+                step32(ev, p[k], row(k));
+                step32(od, p[k + 1], row(k + 1));
+                k += 2;
+            }
+            for (k, &w) in p.iter().enumerate().take(k1).skip(k) {
+                let r = if k < c1 {
+                    row(k)
+                } else {
+                    keys.row(k)[f0..f0 + 32].as_ptr()
+                };
+                step32(if k % 2 == 0 { &mut *ev } else { &mut *od }, w, r);
+            }
+        }
+        for (v, (e, o)) in ch[0].iter().zip(&ch[1]).enumerate() {
+            // SAFETY: floats f0 + 8v.. of each half of `acc`, inside it.
+            unsafe {
+                _mm256_storeu_ps(even.as_mut_ptr().add(f0 + 8 * v), *e);
+                _mm256_storeu_ps(odd.as_mut_ptr().add(f0 + 8 * v), *o);
             }
         }
     }
