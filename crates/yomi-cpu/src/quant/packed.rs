@@ -505,7 +505,7 @@ pub(crate) mod x86 {
                             (dw, mw, wv, sg)
                         };
                         let h = b % 2;
-                        for n in 0..N {
+                        let step = |n: usize, accn: __m256| -> __m256 {
                             let ap = &a[n][b / 2];
                             let bc = |plane: &[i8; 64], j: usize| {
                                 _mm256_set1_epi32(a4(plane, act_off(h, j)))
@@ -575,10 +575,28 @@ pub(crate) mod x86 {
                             };
                             let ds = ap.ds();
                             let dd = _mm256_mul_ps(dw, _mm256_set1_ps(ds[2 * h]));
-                            acc[n] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), acc[n]);
+                            let accn = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), accn);
                             if TY == Q4_1 {
-                                acc[n] = _mm256_fmadd_ps(mw, _mm256_set1_ps(ds[2 * h + 1]), acc[n]);
+                                _mm256_fmadd_ps(mw, _mm256_set1_ps(ds[2 * h + 1]), accn)
+                            } else {
+                                accn
                             }
+                        };
+                        // Unrolled by hand (N ≤ 8 is a constant): a runtime loop over the
+                        // rows kept the accumulators on the stack, one store-to-load round
+                        // trip per block and row.
+                        acc[0] = step(0, acc[0]);
+                        if N > 1 {
+                            acc[1] = step(1, acc[1]);
+                        }
+                        if N > 2 {
+                            acc[2] = step(2, acc[2]);
+                        }
+                        if N > 3 {
+                            acc[3] = step(3, acc[3]);
+                        }
+                        for n in 4..N {
+                            acc[n] = step(n, acc[n]);
                         }
                     }
                     for (n, v) in acc.iter().enumerate() {
