@@ -203,6 +203,63 @@ pub fn linear(x: &[f32], t: usize, w: &Matrix, bias: Option<&[f32]>, out: &mut [
     }
 }
 
+/// Several linears of one input, `outs[m] = x · ws[m]ᵀ (+ biases[m])` (e.g. q, k and v of an
+/// attention layer, gate and up of an MLP): when every matrix is packed
+/// ([`WeightData::Packed`]), the input is quantized once and all the matrices run in one
+/// parallel loop ([`quant::linear_packed_many_with`]); otherwise one [`linear`] per matrix.
+/// Either way each output is bitwise what [`linear`] gives for its matrix alone.
+pub fn linear_many(
+    x: &[f32],
+    t: usize,
+    ws: &[&Matrix],
+    biases: &[Option<&[f32]>],
+    outs: &mut [&mut [f32]],
+) {
+    assert!(
+        ws.len() == outs.len() && ws.len() == biases.len(),
+        "linear_many: {} matrices, {} biases, {} outputs",
+        ws.len(),
+        biases.len(),
+        outs.len()
+    );
+    fn as_packed(w: &Matrix) -> Option<&PackedQuant> {
+        match &w.data {
+            WeightData::Packed(p) => Some(p),
+            _ => None,
+        }
+    }
+    let fused = !ws.is_empty()
+        && ws.len() <= quant::MAX_MANY
+        && ws
+            .iter()
+            .all(|w| as_packed(w).is_some() && w.cols == ws[0].cols);
+    if !fused {
+        for ((w, b), o) in ws.iter().zip(biases).zip(outs.iter_mut()) {
+            linear(x, t, w, *b, o);
+        }
+        return;
+    }
+    let Some(first) = ws.first().and_then(|w| as_packed(w)) else {
+        unreachable!("every matrix was checked to be packed")
+    };
+    let packed: [&PackedQuant; quant::MAX_MANY] =
+        std::array::from_fn(|m| ws.get(m).and_then(|w| as_packed(w)).unwrap_or(first));
+    for (w, o) in ws.iter().zip(outs.iter()) {
+        assert_eq!(x.len(), t * w.cols, "linear: input is not [T, in]");
+        assert_eq!(o.len(), t * w.rows, "linear: output is not [T, out]");
+    }
+    quant::linear_packed_many_with(quant::Kernel::best(), x, t, &packed[..ws.len()], outs);
+    for ((w, b), o) in ws.iter().zip(biases).zip(outs.iter_mut()) {
+        if let Some(b) = b {
+            for row in o.chunks_mut(w.rows) {
+                for (v, bb) in row.iter_mut().zip(*b) {
+                    *v += bb;
+                }
+            }
+        }
+    }
+}
+
 /// Reference twin of [`linear`]: plain loops, f64 accumulation.
 pub fn linear_reference(x: &[f32], t: usize, w: &Matrix, bias: Option<&[f32]>, out: &mut [f32]) {
     let (n_out, n_in) = (w.rows, w.cols);
@@ -279,6 +336,87 @@ mod tests {
         check(256, 4096, 1, 0, 1);
         check(256, 4096, 16, 1, 2);
         check(100, 576, 3, 2, 3);
+    }
+
+    /// A packed [rows, cols] matrix of type `ty` from random values.
+    fn packed(ty: QuantType, rows: usize, cols: usize, seed: u64) -> Matrix {
+        let wf = rand_vec(rows * cols, seed);
+        let mut bytes = Vec::new();
+        for r in wf.chunks(cols) {
+            let mut row = Vec::new();
+            quant::quantize_row(ty, r, &mut row);
+            bytes.extend_from_slice(&row);
+        }
+        let mut m = Matrix::new(rows, cols, WeightData::Quant(QuantData { ty, bytes }));
+        m.pack();
+        assert!(matches!(m.data, WeightData::Packed(_)), "{ty:?} packs");
+        m
+    }
+
+    /// Fused linears of one input give bitwise each matrix's own [`linear`]: SmolLM2's q/k/v
+    /// (576, 192, 192 rows) and gate/up shapes, rows past the last whole group (a tail of 5),
+    /// mixed types, biases, T = 1 (outputs written directly) and T > 1 (slab and transpose);
+    /// and a set with an unpacked matrix falls back to one call per matrix.
+    #[test]
+    fn linear_many_is_bitwise_each_linear() {
+        let cases: [(&[(QuantType, usize)], usize); 3] = [
+            (
+                &[
+                    (QuantType::Q4_1, 576),
+                    (QuantType::Q4_1, 192),
+                    (QuantType::Q4_1, 192),
+                ],
+                576,
+            ),
+            (&[(QuantType::Q4_1, 1536), (QuantType::Q8_0, 1536)], 576),
+            (
+                &[
+                    (QuantType::Q4_0, 69),
+                    (QuantType::Q8_0, 16),
+                    (QuantType::Q4_1, 5),
+                ],
+                128,
+            ),
+        ];
+        for (ci, (mats, cols)) in cases.iter().enumerate() {
+            let ws: Vec<Matrix> = mats
+                .iter()
+                .enumerate()
+                .map(|(m, &(ty, rows))| packed(ty, rows, *cols, 10 * ci as u64 + m as u64))
+                .collect();
+            let biases: Vec<Vec<f32>> = ws.iter().map(|w| rand_vec(w.rows, 7)).collect();
+            for t in [1, 3, 17] {
+                let x = rand_vec(t * cols, 99 + t as u64);
+                let mut want: Vec<Vec<f32>> = ws.iter().map(|w| vec![0.0; t * w.rows]).collect();
+                for ((w, b), o) in ws.iter().zip(&biases).zip(&mut want) {
+                    linear(&x, t, w, Some(b), o);
+                }
+                let mut got: Vec<Vec<f32>> =
+                    ws.iter().map(|w| vec![f32::NAN; t * w.rows]).collect();
+                let refs: Vec<&Matrix> = ws.iter().collect();
+                let bs: Vec<Option<&[f32]>> = biases.iter().map(|b| Some(&b[..])).collect();
+                let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|o| &mut o[..]).collect();
+                linear_many(&x, t, &refs, &bs, &mut outs);
+                for (m, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let same = g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "case {ci} matrix {m} T {t}: fused differs from its linear"
+                    );
+                }
+            }
+        }
+        // An f32 matrix among them: one linear per matrix, same results.
+        let (t, cols) = (2, 64);
+        let q = packed(QuantType::Q4_1, 32, cols, 1);
+        let f = Matrix::new(8, cols, WeightData::F32(rand_vec(8 * cols, 2)));
+        let x = rand_vec(t * cols, 3);
+        let (mut a, mut b) = (vec![0.0; t * 32], vec![0.0; t * 8]);
+        linear_many(&x, t, &[&q, &f], &[None, None], &mut [&mut a, &mut b]);
+        let (mut a2, mut b2) = (vec![0.0; t * 32], vec![0.0; t * 8]);
+        linear(&x, t, &q, None, &mut a2);
+        linear(&x, t, &f, None, &mut b2);
+        assert!(a == a2 && b == b2);
     }
 
     proptest! {

@@ -234,15 +234,85 @@ const PACKED_JOB_BYTES: usize = 256 * 1024;
 /// [`Kernel::packed_group`] (whatever T, the same bits per output); the rows past the last
 /// group go through [`Kernel::dot`].
 pub fn linear_packed_with(kernel: Kernel, x: &[f32], t: usize, p: &PackedQuant, out: &mut [f32]) {
-    let (rows, cols) = (p.rows(), p.cols());
+    linear_packed_many_with(kernel, x, t, &[p], &mut [out]);
+}
+
+/// Most matrices one [`linear_packed_many_with`] call takes.
+pub const MAX_MANY: usize = 4;
+
+/// Several packed linears of one input (`out_m[T, rows_m] = x[T, cols] · W_mᵀ`, e.g. q, k and v,
+/// or gate and up): the activations quantized once and all the matrices' groups in one
+/// parallel loop (one fork and join instead of one per matrix, and one longer loop to balance
+/// over the threads). Every output is bitwise what [`linear_packed_with`] gives for its
+/// matrix alone. At most [`MAX_MANY`] matrices, all of `cols` columns; types may differ.
+pub fn linear_packed_many_with(
+    kernel: Kernel,
+    x: &[f32],
+    t: usize,
+    ps: &[&PackedQuant],
+    outs: &mut [&mut [f32]],
+) {
+    assert!(
+        !ps.is_empty() && ps.len() <= MAX_MANY && ps.len() == outs.len(),
+        "linear_packed_many: {} matrices, {} outputs (1..={MAX_MANY})",
+        ps.len(),
+        outs.len()
+    );
+    let cols = ps[0].cols();
     assert_eq!(x.len(), t * cols, "linear_packed: input is not [T, in]");
-    assert_eq!(out.len(), t * rows, "linear_packed: output is not [T, out]");
-    if t == 0 || rows == 0 {
+    for (p, o) in ps.iter().zip(outs.iter()) {
+        assert_eq!(
+            p.cols(),
+            cols,
+            "linear_packed_many: matrices of different widths"
+        );
+        assert_eq!(
+            o.len(),
+            t * p.rows(),
+            "linear_packed: output is not [T, out]"
+        );
+    }
+    if t == 0 {
         return;
     }
     match kernel.precision() {
-        Precision::Int8 => packed_run(&ACT_Q8, kernel, x, t, p, out),
-        Precision::Int8x2 => packed_run(&ACT_Q8X2, kernel, x, t, p, out),
+        Precision::Int8 => packed_run(&ACT_Q8, kernel, x, t, ps, outs),
+        Precision::Int8x2 => packed_run(&ACT_Q8X2, kernel, x, t, ps, outs),
+    }
+}
+
+/// The jobs of one call: matrix m's groups in runs of `per[m]`, matrices one after another.
+struct Jobs {
+    n: usize,
+    per: [usize; MAX_MANY],
+    /// First job of each matrix, and the total at index `n`.
+    first: [usize; MAX_MANY + 1],
+}
+
+impl Jobs {
+    /// `per(m)`: groups per job of matrix m.
+    fn new(groups: &[usize], per: impl Fn(usize) -> usize) -> Jobs {
+        let mut j = Jobs {
+            n: groups.len(),
+            per: [1; MAX_MANY],
+            first: [0; MAX_MANY + 1],
+        };
+        for (m, &g) in groups.iter().enumerate() {
+            j.per[m] = per(m).max(1);
+            j.first[m + 1] = j.first[m] + g.div_ceil(j.per[m]);
+        }
+        j
+    }
+
+    fn total(&self) -> usize {
+        self.first[self.n]
+    }
+
+    /// (matrix, first group, groups) of job `i`.
+    fn get(&self, i: usize, groups: &[usize]) -> (usize, usize, usize) {
+        let m = (0..self.n).rfind(|&m| self.first[m] <= i).unwrap_or(0);
+        let g0 = (i - self.first[m]) * self.per[m];
+        (m, g0, self.per[m].min(groups[m] - g0))
     }
 }
 
@@ -251,17 +321,19 @@ fn packed_run<A: Act32>(
     kernel: Kernel,
     x: &[f32],
     t: usize,
-    p: &PackedQuant,
-    out: &mut [f32],
+    ps: &[&PackedQuant],
+    outs: &mut [&mut [f32]],
 ) {
-    let (rows, cols, ty) = (p.rows(), p.cols(), p.ty());
+    let cols = ps[0].cols();
     let nb = units_per_row::<A>(cols);
+    let mut groups = [0usize; MAX_MANY];
+    for (g, p) in groups.iter_mut().zip(ps) {
+        *g = p.groups();
+    }
+    let groups = &groups[..ps.len()];
     with_scratch(key, |acts| {
         quantize_rows(x, cols, acts);
         let acts = &acts[..];
-        let groups = p.groups();
-        let gbytes = GROUP * p.row_bytes();
-        let min_len = (MIN_BYTES_PER_JOB / gbytes.max(1)).max(1);
         let unit_bytes = std::mem::size_of::<A>() * nb;
         // With AMX, a tile is 16 rows (one tile product) whatever the row size: the tile
         // instructions' fixed cost per block wants the tallest tiles.
@@ -274,51 +346,104 @@ fn packed_run<A: Act32>(
                 .max(8)
                 .min(t)
         };
-        // Groups g0.. into `slab` ([group][T][16]); activation tiles outside, groups inside.
+        let gbytes = |m: usize| GROUP * ps[m].row_bytes();
+        let min_len = |m: usize| (MIN_BYTES_PER_JOB / gbytes(m).max(1)).max(1);
+        // Groups g0..g0 + n of matrix m into `slab` ([group][T][16] at `stride` = T·16 per
+        // group; T = 1 writes the outputs directly). Activation tiles outside, groups inside.
         // The kernels prefetch the weight stream themselves, a block at a time (see
-        // `packed::x86`), rather than this task's whole range up front.
-        let task = |g0: usize, slab: &mut [f32]| {
-            let n = slab.len() / (t * GROUP);
+        // `packed::x86`), rather than this job's whole range up front.
+        let task = |m: usize, g0: usize, n: usize, slab: &mut [f32]| {
+            let p = ps[m];
             for t0 in (0..t).step_by(tile) {
                 let t1 = (t0 + tile).min(t);
                 let a = A::row(&acts[t0 * nb..t1 * nb]);
                 let w = p.group_bytes(g0, g0 + n);
-                kernel.packed_groups(ty, w, n, a, t1 - t0, &mut slab[t0 * GROUP..], t * GROUP);
+                kernel.packed_groups(p.ty(), w, n, a, t1 - t0, &mut slab[t0 * GROUP..], t * GROUP);
             }
         };
         if t == 1 {
-            crate::pool::for_each_chunk_mut(&mut out[..groups * GROUP], GROUP, min_len, task);
+            let jobs = Jobs::new(groups, min_len);
+            let base: [crate::pool::SendPtr<f32>; MAX_MANY] = std::array::from_fn(|m| {
+                crate::pool::SendPtr(
+                    outs.get_mut(m)
+                        .map_or(std::ptr::null_mut(), |o| o.as_mut_ptr()),
+                )
+            });
+            crate::pool::for_each(jobs.total(), &|i| {
+                let (m, g0, n) = jobs.get(i, groups);
+                // SAFETY: job i covers groups g0..g0 + n of matrix m only, so outputs
+                // g0·16..(g0 + n)·16 of `outs[m]` (inside it: g0 + n ≤ groups · 16 ≤ rows),
+                // disjoint from every other job's; `outs` is borrowed mutably for the call.
+                let o = unsafe {
+                    std::slice::from_raw_parts_mut(base[m].get().add(g0 * GROUP), n * GROUP)
+                };
+                task(m, g0, n, o);
+            });
         } else {
             // Jobs of a run of groups (a few per thread): the AMX kernel repacks the
             // activations and loads its tile configuration once per call, and fewer, longer
             // jobs help the AVX-512 kernel too. At most `PACKED_JOB_BYTES` of weights, so that
             // a job's weights stay in L2 while its activation tiles go by.
-            let per = min_len
-                .max(groups.div_ceil(4 * rayon::current_num_threads()))
-                .min(PACKED_JOB_BYTES / gbytes.max(1))
-                .max(1);
+            let all: usize = groups.iter().sum();
+            let target = all.div_ceil(4 * rayon::current_num_threads());
+            let jobs = Jobs::new(groups, |m| {
+                min_len(m)
+                    .max(target)
+                    .min(PACKED_JOB_BYTES / gbytes(m).max(1))
+            });
+            // Matrix m's slab starts at group offset `slab0[m]` (in groups of T·16 floats).
+            let mut slab0 = [0usize; MAX_MANY + 1];
+            for m in 0..ps.len() {
+                slab0[m + 1] = slab0[m] + groups[m];
+            }
             with_scratch(&OUT_T, |ot| {
-                let ot = grown(ot, groups * t * GROUP);
-                crate::pool::for_each_chunk_mut(
-                    ot,
-                    per * t * GROUP,
-                    min_len.div_ceil(per),
-                    |j, o| task(j * per, o),
-                );
+                let ot = grown(ot, all * t * GROUP);
+                let slab = crate::pool::SendPtr(ot.as_mut_ptr());
+                crate::pool::for_each(jobs.total(), &|i| {
+                    let (m, g0, n) = jobs.get(i, groups);
+                    // SAFETY: job i writes groups g0..g0 + n of matrix m's slab, i.e. floats
+                    // (slab0[m] + g0)·T·16.. of `ot` for n·T·16 (inside: slab0[m] + g0 + n ≤
+                    // all), disjoint from every other job's.
+                    let o = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            slab.get().add((slab0[m] + g0) * t * GROUP),
+                            n * t * GROUP,
+                        )
+                    };
+                    task(m, g0, n, o);
+                });
                 let ot = &ot[..];
-                crate::pool::for_each_chunk_mut(out, rows, (4096 / rows).max(1), |ti, o| {
-                    for (g, og) in o[..groups * GROUP].chunks_exact_mut(GROUP).enumerate() {
-                        let s = (g * t + ti) * GROUP;
+                // The transposes: item (m, ti) fills row ti of outs[m].
+                let base: [crate::pool::SendPtr<f32>; MAX_MANY] = std::array::from_fn(|m| {
+                    crate::pool::SendPtr(
+                        outs.get_mut(m)
+                            .map_or(std::ptr::null_mut(), |o| o.as_mut_ptr()),
+                    )
+                });
+                crate::pool::for_each(ps.len() * t, &|item| {
+                    let (m, ti) = (item / t, item % t);
+                    let rows = ps[m].rows();
+                    // SAFETY: row ti of outs[m] (rows floats at ti·rows, inside it: ti < T),
+                    // written by this item only.
+                    let o = unsafe {
+                        std::slice::from_raw_parts_mut(base[m].get().add(ti * rows), rows)
+                    };
+                    for (g, og) in o[..groups[m] * GROUP].chunks_exact_mut(GROUP).enumerate() {
+                        let s = ((slab0[m] + g) * t + ti) * GROUP;
                         og.copy_from_slice(&ot[s..s + GROUP]);
                     }
                 });
             });
         }
         // The tail rows (fewer than a group): the row kernels, T = 1 bits by construction.
-        for r in groups * GROUP..rows {
-            let w = p.tail_row(r);
-            for ti in 0..t {
-                out[ti * rows + r] = kernel.dot(ty, w, A::row(&acts[ti * nb..(ti + 1) * nb]));
+        for (p, out) in ps.iter().zip(outs.iter_mut()) {
+            let rows = p.rows();
+            for r in p.groups() * GROUP..rows {
+                let w = p.tail_row(r);
+                for ti in 0..t {
+                    out[ti * rows + r] =
+                        kernel.dot(p.ty(), w, A::row(&acts[ti * nb..(ti + 1) * nb]));
+                }
             }
         }
     })

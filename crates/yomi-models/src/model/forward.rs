@@ -8,7 +8,7 @@ use yomi_cpu::activation::{sigmoid, softplus, swiglu};
 use yomi_cpu::attention::{AttnShape, attention_tree};
 use yomi_cpu::conv::conv1d_tree;
 use yomi_cpu::gdn::{GdnRows, GdnShape, gdn_commit_replay, gdn_tree_forward};
-use yomi_cpu::linear::linear;
+use yomi_cpu::linear::{linear, linear_many};
 use yomi_cpu::norm::{l2_norm_inplace, rms_norm, rms_norm_gated_inplace, rms_norm_inplace};
 
 use super::weights::{AttnWeights, GdnWeights, Mixer, Model};
@@ -153,8 +153,13 @@ impl Model {
             let i_sz = cfg.intermediate_size;
             let g = sized(a, t * i_sz);
             let u = sized(b, t * i_sz);
-            linear(x, t, &layer.mlp.gate, None, g);
-            linear(x, t, &layer.mlp.up, None, u);
+            linear_many(
+                x,
+                t,
+                &[&layer.mlp.gate, &layer.mlp.up],
+                &[None, None],
+                &mut [&mut *g, &mut *u],
+            );
             swiglu(g, u);
             linear(g, t, &layer.mlp.down, None, y);
             for (hv, yv) in h.iter_mut().zip(y.iter()) {
@@ -322,7 +327,19 @@ impl Model {
         let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         let [qf, q, gate, kb, vb, o] = bufs;
         let qf = sized(qf, t * w.q.rows);
-        linear(x, t, &w.q, w.q_bias.as_deref(), qf);
+        let kb = sized(kb, t * nkv * hd);
+        let vb = sized(vb, t * nkv * hd);
+        linear_many(
+            x,
+            t,
+            &[&w.q, &w.k, &w.v],
+            &[
+                w.q_bias.as_deref(),
+                w.k_bias.as_deref(),
+                w.v_bias.as_deref(),
+            ],
+            &mut [&mut *qf, &mut *kb, &mut *vb],
+        );
         let q = sized(q, t * nh * hd);
         let gate = sized(gate, if cfg.attn_output_gate { t * nh * hd } else { 0 });
         if cfg.attn_output_gate {
@@ -333,10 +350,6 @@ impl Model {
         } else {
             q.copy_from_slice(qf);
         }
-        let kb = sized(kb, t * nkv * hd);
-        let vb = sized(vb, t * nkv * hd);
-        linear(x, t, &w.k, w.k_bias.as_deref(), kb);
-        linear(x, t, &w.v, w.v_bias.as_deref(), vb);
         if let Some(qn) = &w.q_norm {
             rms_norm_inplace(q, qn, cfg.rms_norm_eps);
         }
