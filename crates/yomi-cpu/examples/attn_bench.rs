@@ -1,13 +1,23 @@
 //! Tree attention time per call at SmolLM2-135M shapes (9 query / 3 KV heads of 64) for a
 //! chain of T rows over a committed context, on each instruction set of this CPU.
 //! Usage: cargo run --release -p yomi-cpu --example attn_bench -- [CONTEXT] [T…]
-//! (`ATTN_ISA=Avx512` runs one instruction set only.)
+//! (`ATTN_ISA=Avx512` runs one instruction set only; `ATTN_KV=f16` an f16 cache;
+//! `ATTN_LAYERS=30` cycles over 30 layers' caches, as a model pass does, so that a long
+//! context's K/V comes from memory rather than from the caches.)
 
+use half::f16;
 use std::time::Instant;
 use yomi_core::TreeBatch;
-use yomi_cpu::attention::{AttnIsa, AttnShape, attention_tree_with};
+use yomi_cpu::attention::{AttnIsa, AttnShape, KvElem, attention_tree_with};
 
 fn main() {
+    match std::env::var("ATTN_KV").as_deref() {
+        Ok("f16") => bench::<f16>(),
+        _ => bench::<f32>(),
+    }
+}
+
+fn bench<E: KvElem>() {
     let mut args = std::env::args().skip(1);
     let ctx: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(512);
     let mut ts: Vec<usize> = args.filter_map(|a| a.parse().ok()).collect();
@@ -20,7 +30,16 @@ fn main() {
         head_dim: 64,
     };
     let pool = rayon::ThreadPoolBuilder::new().build().expect("pool");
-    println!("threads: {}, context {ctx}", pool.current_num_threads());
+    let layers: usize = std::env::var("ATTN_LAYERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    println!(
+        "threads: {}, context {ctx}, {layers} layer(s), {} cache",
+        pool.current_num_threads(),
+        std::any::type_name::<E>()
+    );
     println!("| isa | T | µs per call (median of 200) | µs per row |");
     println!("|---|---|---|---|");
     let only = std::env::var("ATTN_ISA").ok();
@@ -31,11 +50,19 @@ fn main() {
         for &t in &ts {
             let stride = shape.n_kv * shape.head_dim;
             let cap = ctx + t;
-            let k: Vec<f32> = (0..cap * stride)
-                .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+            let k: Vec<Vec<E>> = (0..layers)
+                .map(|l| {
+                    (0..cap * stride)
+                        .map(|i| E::from_f32(((i * 7919 + l) % 1000) as f32 / 1000.0 - 0.5))
+                        .collect()
+                })
                 .collect();
-            let v: Vec<f32> = (0..cap * stride)
-                .map(|i| ((i * 104729) % 1000) as f32 / 1000.0 - 0.5)
+            let v: Vec<Vec<E>> = (0..layers)
+                .map(|l| {
+                    (0..cap * stride)
+                        .map(|i| E::from_f32(((i * 104729 + l) % 1000) as f32 / 1000.0 - 0.5))
+                        .collect()
+                })
                 .collect();
             let q: Vec<f32> = (0..t * shape.n_heads * shape.head_dim)
                 .map(|i| ((i * 31) % 97) as f32 / 97.0 - 0.5)
@@ -44,9 +71,10 @@ fn main() {
             let tree = TreeBatch::chain(t);
             let mut times = Vec::new();
             pool.install(|| {
-                for _ in 0..200 {
+                for i in 0..200 {
+                    let (k, v) = (&k[i % layers], &v[i % layers]);
                     let t0 = Instant::now();
-                    attention_tree_with(isa, &q, &k, &v, ctx, &tree, shape, 0.125, &mut out);
+                    attention_tree_with(isa, &q, k, v, ctx, &tree, shape, 0.125, &mut out);
                     times.push(t0.elapsed().as_secs_f64() * 1e6);
                 }
             });

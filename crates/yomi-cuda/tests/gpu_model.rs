@@ -48,6 +48,7 @@ fn engine(path: &Path, ctx: usize) -> Engine {
     let opts = EngineOptions {
         context_size: Some(ctx),
         threads: None,
+        ..Default::default()
     };
     Engine::load(path, &opts, &mut |_, _| {}).expect("load engine")
 }

@@ -4,7 +4,7 @@
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use yomi_models::loader::{ModelFormat, detect_format, load_hf_dir};
-use yomi_models::{Model, State};
+use yomi_models::{KvDtype, Model, State};
 
 use crate::template::{ChatMessage, ChatTemplate, GenerationDefaults};
 use crate::tokenizer::TextTokenizer;
@@ -16,6 +16,8 @@ pub struct EngineOptions {
     pub context_size: Option<usize>,
     /// Kernel threads (default: one per core).
     pub threads: Option<usize>,
+    /// Element type of the CPU attention caches (default f32, exact; f16 halves their memory).
+    pub kv_cache: Option<KvDtype>,
 }
 
 /// Default cap on the context size: the KV cache is allocated lazily, but this bounds what a
@@ -91,6 +93,7 @@ impl Engine {
         let pool = pb.build().context("cannot start the kernel thread pool")?;
         let mut model = model;
         model.pack_for_cpu();
+        model.kv_dtype = opts.kv_cache.unwrap_or(KvDtype::F32);
         Ok(Engine {
             model,
             tokenizer,
@@ -122,7 +125,11 @@ impl Engine {
     pub fn device(&self) -> String {
         match &self.model.accel {
             Some(a) => a.describe(),
-            None => format!("cpu ({} threads)", self.threads()),
+            None => format!(
+                "cpu ({} threads, {} K/V cache)",
+                self.threads(),
+                self.model.kv_dtype
+            ),
         }
     }
 

@@ -30,6 +30,7 @@ fn engine() -> Engine {
     let opts = EngineOptions {
         context_size: Some(1024),
         threads: Some(1),
+        ..Default::default()
     };
     let mut e = Engine::load(&test_data("llama-tiny"), &opts, &mut |_, _| {}).expect("load");
     e.eos_token_ids.clear();

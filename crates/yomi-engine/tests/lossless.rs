@@ -9,6 +9,7 @@ use yomi_core::SamplerParams;
 use yomi_engine::generate::DraftMode;
 use yomi_engine::stats::StatsRecorder;
 use yomi_engine::{Engine, EngineOptions, GenerateParams, Generation, Prompt};
+use yomi_models::KvDtype;
 use yomi_spec::{DraftTree, Drafter, SuffixDrafter};
 
 fn shared_fixture(name: &str) -> PathBuf {
@@ -24,9 +25,14 @@ fn test_data(name: &str) -> PathBuf {
 }
 
 fn engine(path: PathBuf, context_size: usize) -> Engine {
+    engine_kv(path, context_size, None)
+}
+
+fn engine_kv(path: PathBuf, context_size: usize, kv_cache: Option<KvDtype>) -> Engine {
     let opts = EngineOptions {
         context_size: Some(context_size),
         threads: None,
+        kv_cache,
     };
     Engine::load(&path, &opts, &mut |_, _| {}).expect("load engine")
 }
@@ -162,6 +168,16 @@ fn suffix_is_lossless(mut e: Engine, name: &str) -> Observed {
 #[test]
 fn suffix_drafting_is_lossless_on_qwen35_tiny() {
     suffix_is_lossless(engine(shared_fixture("qwen35-tiny"), 1024), "qwen35-tiny");
+}
+
+/// With an f16 K/V cache too: tree rows and plain rows round and widen the same values.
+#[test]
+fn suffix_drafting_is_lossless_with_an_f16_kv_cache() {
+    let e = engine_kv(shared_fixture("qwen35-tiny"), 1024, Some(KvDtype::F16));
+    assert_eq!(e.model.kv_dtype, KvDtype::F16);
+    suffix_is_lossless(e, "qwen35-tiny, f16 K/V");
+    let e = engine_kv(test_data("llama-tiny"), 1024, Some(KvDtype::F16));
+    suffix_is_lossless(e, "llama-tiny, f16 K/V");
 }
 
 #[test]

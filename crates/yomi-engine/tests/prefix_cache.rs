@@ -28,6 +28,7 @@ fn engine(path: PathBuf) -> Engine {
     let opts = EngineOptions {
         context_size: Some(2048),
         threads: None,
+        ..Default::default()
     };
     Engine::load(&path, &opts, &mut |_, _| {}).expect("load engine")
 }
@@ -229,7 +230,7 @@ fn eviction_keeps_the_cache_bounded() {
     for (name, e) in models() {
         let p = params(SamplerParams::greedy(), DraftMode::None, 8);
         // Room for about two 300-token entries.
-        let per_token = e.new_state().kv_floats_per_token() * 4;
+        let per_token = e.new_state().kv_bytes_per_token();
         let max_bytes = 2 * 330 * per_token + 4 * e.new_state().recurrent_snapshot_bytes() + 8192;
         let mut cache = PrefixCache::new(PrefixCacheConfig {
             max_bytes,
@@ -284,7 +285,7 @@ fn state_truncate_and_load_prefix_contract() {
         let mut kv = yomi_models::state::KvPrefix::default();
         st.append_kv(&mut kv, n);
         assert_eq!(kv.rows(), n);
-        assert_eq!(kv.size_bytes(), n * st.kv_floats_per_token() * 4);
+        assert_eq!(kv.size_bytes(), n * st.kv_bytes_per_token());
         let tokens = st.tokens().to_vec();
         if st.has_recurrent_layers() {
             assert!(st.truncate(10).is_err(), "{name}");

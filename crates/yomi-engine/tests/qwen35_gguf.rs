@@ -17,6 +17,7 @@ fn engine(path: PathBuf) -> Engine {
         &EngineOptions {
             context_size: Some(256),
             threads: Some(1),
+            ..Default::default()
         },
         &mut |_, _| {},
     )

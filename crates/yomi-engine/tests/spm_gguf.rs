@@ -19,6 +19,7 @@ fn engine() -> Engine {
         &EngineOptions {
             context_size: Some(256),
             threads: Some(1),
+            ..Default::default()
         },
         &mut |_, _| {},
     )

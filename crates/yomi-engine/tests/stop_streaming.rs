@@ -14,6 +14,7 @@ fn engine() -> Engine {
     let opts = EngineOptions {
         context_size: Some(512),
         threads: None,
+        ..Default::default()
     };
     Engine::load(&path, &opts, &mut |_, _| {}).expect("load engine")
 }

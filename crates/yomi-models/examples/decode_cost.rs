@@ -24,7 +24,7 @@ fn main() -> anyhow::Result<()> {
     println!("| position | µs per decode step (median of 32) |");
     println!("|---|---|");
     pool.install(|| -> anyhow::Result<()> {
-        let mut st = State::new(&model.cfg, cap);
+        let mut st = State::new(&model.cfg, cap, yomi_models::KvDtype::F32);
         let mut logits = Vec::new();
         let vocab = model.cfg.vocab_size as u32;
         for &p in &positions {

@@ -5,6 +5,7 @@ pub mod accel;
 pub mod config;
 pub mod gguf;
 pub mod gguf_source;
+pub mod kv_cache;
 pub mod loader;
 pub mod model;
 pub mod safetensors_dir;
@@ -13,5 +14,6 @@ pub mod state;
 
 pub use accel::{AccelState, Accelerator};
 pub use config::{Arch, LayerKind, ModelConfig};
+pub use kv_cache::{KvDtype, KvRows};
 pub use model::{LogitRows, Model, Trace};
 pub use state::State;

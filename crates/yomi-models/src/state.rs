@@ -12,11 +12,12 @@
 use yomi_core::TreeBatch;
 
 use crate::config::{LayerKind, ModelConfig};
+use crate::kv_cache::{KvDtype, KvRows};
 
 pub struct AttnCache {
-    /// [capacity, n_kv, hd]
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
+    /// [capacity, n_kv, hd], both of the state's K/V element type.
+    pub k: KvRows,
+    pub v: KvRows,
 }
 
 pub struct GdnState {
@@ -80,8 +81,8 @@ impl RecurrentSnapshot {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct KvPrefix {
     rows: usize,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    k: Vec<KvRows>,
+    v: Vec<KvRows>,
 }
 
 impl KvPrefix {
@@ -92,8 +93,7 @@ impl KvPrefix {
 
     /// Heap bytes held.
     pub fn size_bytes(&self) -> usize {
-        let n: usize = self.k.iter().chain(&self.v).map(Vec::len).sum();
-        n * std::mem::size_of::<f32>()
+        self.k.iter().chain(&self.v).map(KvRows::size_bytes).sum()
     }
 
     /// Drops rows past `rows`.
@@ -105,8 +105,6 @@ impl KvPrefix {
             let stride = k.len() / self.rows.max(1);
             k.truncate(rows * stride);
             v.truncate(rows * stride);
-            k.shrink_to_fit();
-            v.shrink_to_fit();
         }
         self.rows = rows;
     }
@@ -129,9 +127,10 @@ pub struct State {
 }
 
 impl State {
-    /// A fresh state for up to `capacity` tokens. The KV cache is allocated zeroed up front; the
-    /// OS maps its pages lazily, so unused context costs no resident memory.
-    pub fn new(cfg: &ModelConfig, capacity: usize) -> Self {
+    /// A fresh state for up to `capacity` tokens, with K/V caches of element type `kv`. The KV
+    /// cache is allocated zeroed up front; the OS maps its pages lazily, so unused context
+    /// costs no resident memory.
+    pub fn new(cfg: &ModelConfig, capacity: usize, kv: KvDtype) -> Self {
         let layers = cfg
             .layer_kinds
             .iter()
@@ -139,8 +138,8 @@ impl State {
                 LayerKind::Attention => {
                     let n = capacity * cfg.num_kv_heads * cfg.head_dim;
                     LayerState::Attention(AttnCache {
-                        k: vec![0.0; n],
-                        v: vec![0.0; n],
+                        k: KvRows::zeros(kv, n),
+                        v: KvRows::zeros(kv, n),
                     })
                 }
                 LayerKind::GatedDeltaNet => {
@@ -222,12 +221,12 @@ impl State {
         self.layers.iter().any(|l| matches!(l, LayerState::Gdn(_)))
     }
 
-    /// Floats one token takes in the attention caches (K and V of every attention layer).
-    pub fn kv_floats_per_token(&self) -> usize {
+    /// Bytes one token takes in the attention caches (K and V of every attention layer).
+    pub fn kv_bytes_per_token(&self) -> usize {
         self.layers
             .iter()
             .map(|l| match l {
-                LayerState::Attention(c) => 2 * c.k.len() / self.capacity.max(1),
+                LayerState::Attention(c) => 2 * c.k.size_bytes() / self.capacity.max(1),
                 LayerState::Gdn(_) => 0,
             })
             .sum()
@@ -274,10 +273,11 @@ impl State {
             .iter()
             .filter(|l| matches!(l, LayerState::Attention(_)))
             .count();
-        if kv.k.len() != n_attn {
+        let dtype = self.kv_dtype();
+        if kv.k.len() != n_attn || kv.k.first().is_some_and(|k| k.dtype() != dtype) {
             assert_eq!(kv.rows, 0, "a K/V prefix from another model");
-            kv.k = vec![Vec::new(); n_attn];
-            kv.v = vec![Vec::new(); n_attn];
+            kv.k = vec![KvRows::empty(dtype); n_attn];
+            kv.v = vec![KvRows::empty(dtype); n_attn];
         }
         if to <= kv.rows {
             return;
@@ -289,11 +289,9 @@ impl State {
         });
         for ((c, k), v) in caches.zip(&mut kv.k).zip(&mut kv.v) {
             let stride = c.k.len() / self.capacity;
-            // Exact sizes: callers account for the bytes held.
-            k.reserve_exact((to - from) * stride);
-            v.reserve_exact((to - from) * stride);
-            k.extend_from_slice(&c.k[from * stride..to * stride]);
-            v.extend_from_slice(&c.v[from * stride..to * stride]);
+            // Exact sizes (`extend_from` reserves exactly): callers account for the bytes held.
+            k.extend_from(&c.k, from * stride..to * stride);
+            v.extend_from(&c.v, from * stride..to * stride);
         }
         kv.rows = to;
     }
@@ -355,6 +353,9 @@ impl State {
             .iter()
             .filter(|l| matches!(l, LayerState::Attention(_)))
             .count();
+        if keep < n && n_attn > 0 && kv.k.first().is_some_and(|k| k.dtype() != self.kv_dtype()) {
+            anyhow::bail!("the K/V prefix was cached with another K/V element type");
+        }
         if keep < n && n_attn > 0 && (kv.rows < n || kv.k.len() != n_attn) {
             anyhow::bail!(
                 "the K/V prefix holds {} rows of {} layers; {n} rows of {n_attn} are needed",
@@ -370,10 +371,8 @@ impl State {
                 LayerState::Attention(c) => {
                     if keep < n {
                         let stride = c.k.len() / capacity;
-                        c.k[keep * stride..n * stride]
-                            .copy_from_slice(&kv.k[ai][keep * stride..n * stride]);
-                        c.v[keep * stride..n * stride]
-                            .copy_from_slice(&kv.v[ai][keep * stride..n * stride]);
+                        c.k.copy_from(&kv.k[ai], keep * stride..n * stride);
+                        c.v.copy_from(&kv.v[ai], keep * stride..n * stride);
                     }
                     ai += 1;
                 }
@@ -414,6 +413,17 @@ impl State {
         self.pending.active = false;
         self.tokens.truncate(n);
         Ok(())
+    }
+
+    /// The element type of the attention caches (f32 when there are none).
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.layers
+            .iter()
+            .find_map(|l| match l {
+                LayerState::Attention(c) => Some(c.k.dtype()),
+                LayerState::Gdn(_) => None,
+            })
+            .unwrap_or_default()
     }
 
     pub fn layer(&self, i: usize) -> &LayerState {

@@ -57,7 +57,7 @@ fn decode_steps_do_not_allocate_and_gdn_state_is_constant() {
 
 fn decode_steps_inner() {
     let m = load(&shared_fixture("qwen35-realdims"));
-    let mut st = State::new(&m.cfg, 1024);
+    let mut st = State::new(&m.cfg, 1024, yomi_models::KvDtype::F32);
     let prompt: Vec<u32> = (0..40).map(|i| (i * 7 % 500) as u32 + 5).collect();
     prefill_chunked(&m, &mut st, &prompt, 64);
     let gdn_bytes = gdn_state_bytes(&st, m.cfg.num_layers);

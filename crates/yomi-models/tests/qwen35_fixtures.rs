@@ -22,7 +22,7 @@ fn qwen35_realdims_matches_hf() {
 #[test]
 fn token_outside_vocab_is_an_error() {
     let m = load_hf_dir(&shared_fixture("qwen35-tiny"), &mut |_, _| {}).unwrap();
-    let mut st = State::new(&m.cfg, 16);
+    let mut st = State::new(&m.cfg, 16, yomi_models::KvDtype::F32);
     let mut logits = Vec::new();
     let e = m
         .forward(

@@ -96,7 +96,7 @@ fn named_vectors(m: &Model) -> Vec<(String, &[f32])> {
 }
 
 fn prefill_logits(m: &Model, ids: &[u32]) -> Vec<f32> {
-    let mut st = State::new(&m.cfg, 256);
+    let mut st = State::new(&m.cfg, 256, yomi_models::KvDtype::F32);
     let mut logits = Vec::new();
     m.forward(
         &mut st,

@@ -2,7 +2,7 @@
 //! root-anchored path leaves exactly the state that running that path alone (a chain, all
 //! committed) leaves — attention K/V rows, GDN conv and recurrent states — and the next pass
 //! sees no difference. Run on the Gated DeltaNet hybrid (qwen35-tiny) and on a plain
-//! transformer (llama-tiny).
+//! transformer (llama-tiny), with f32 and with f16 K/V caches.
 
 mod common;
 use common::*;
@@ -13,7 +13,7 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use yomi_core::TreeBatch;
 use yomi_models::state::LayerState;
-use yomi_models::{LogitRows, Model, State};
+use yomi_models::{KvDtype, LogitRows, Model, State};
 
 const VOCAB: u32 = 512;
 const CAPACITY: usize = 64;
@@ -70,7 +70,7 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     max_abs_diff(a, b)
 }
 
-fn check(m: &Model, c: &Case) -> Result<(), TestCaseError> {
+fn check(m: &Model, c: &Case, kv: KvDtype) -> Result<(), TestCaseError> {
     assert_eq!(m.cfg.vocab_size, VOCAB as usize);
     let tree = TreeBatch::from_parents(&c.parents).expect("valid tree");
     let path = tree.path_to(c.leaf);
@@ -78,14 +78,14 @@ fn check(m: &Model, c: &Case) -> Result<(), TestCaseError> {
     let mut logits = Vec::new();
 
     // Tree verification, then commit of the accepted path.
-    let mut a = State::new(&m.cfg, CAPACITY);
+    let mut a = State::new(&m.cfg, CAPACITY, kv);
     prefill_chunked(m, &mut a, &c.prompt, 16);
     m.forward(&mut a, &c.tokens, &tree, LogitRows::All, &mut logits)
         .expect("tree pass");
     m.commit(&mut a, &path).expect("commit path");
 
     // The accepted path alone, as a chain.
-    let mut b = State::new(&m.cfg, CAPACITY);
+    let mut b = State::new(&m.cfg, CAPACITY, kv);
     prefill_chunked(m, &mut b, &c.prompt, 16);
     let chain = TreeBatch::chain(path.len());
     m.forward(&mut b, &path_tokens, &chain, LogitRows::All, &mut logits)
@@ -101,8 +101,10 @@ fn check(m: &Model, c: &Case) -> Result<(), TestCaseError> {
     for li in 0..m.cfg.num_layers {
         match (a.layer(li), b.layer(li)) {
             (LayerState::Attention(x), LayerState::Attention(y)) => {
-                let ek = max_diff(&x.k[..n * stride], &y.k[..n * stride]);
-                let ev = max_diff(&x.v[..n * stride], &y.v[..n * stride]);
+                prop_assert_eq!(x.k.dtype(), kv);
+                let rows = |r: &yomi_models::KvRows| r.to_f32(0..n * stride);
+                let ek = max_diff(&rows(&x.k), &rows(&y.k));
+                let ev = max_diff(&rows(&x.v), &rows(&y.v));
                 prop_assert!(ek <= 1e-6 && ev <= 1e-6, "layer {li}: K {ek:e}, V {ev:e}");
             }
             (LayerState::Gdn(x), LayerState::Gdn(y)) => {
@@ -133,11 +135,21 @@ proptest! {
 
     #[test]
     fn tree_commit_equals_the_path_alone_qwen35(c in cases()) {
-        check(qwen35(), &c)?;
+        check(qwen35(), &c, KvDtype::F32)?;
     }
 
     #[test]
     fn tree_commit_equals_the_path_alone_llama(c in cases()) {
-        check(llama(), &c)?;
+        check(llama(), &c, KvDtype::F32)?;
+    }
+
+    #[test]
+    fn tree_commit_equals_the_path_alone_f16_kv_qwen35(c in cases()) {
+        check(qwen35(), &c, KvDtype::F16)?;
+    }
+
+    #[test]
+    fn tree_commit_equals_the_path_alone_f16_kv_llama(c in cases()) {
+        check(llama(), &c, KvDtype::F16)?;
     }
 }

@@ -28,6 +28,7 @@ fn engine_at(path: &Path, ctx: usize) -> Engine {
     let opts = EngineOptions {
         context_size: Some(ctx),
         threads: Some(1),
+        ..Default::default()
     };
     Engine::load(path, &opts, &mut |_, _| {}).expect("load engine")
 }

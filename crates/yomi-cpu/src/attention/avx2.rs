@@ -8,16 +8,17 @@
 //! registers per parity, 8 independent FMA chains; [`weighted32`] when `hd` is a multiple of
 //! 32). Other head sizes take the general masked loops.
 //!
-//! Shapes: q and every key/value row are `hd` f32 (any hd; partial halves are masked).
+//! Shapes: q is `hd` f32, every key/value row `hd` cache elements (f32, or f16 widened by
+//! F16C as it is loaded); any hd (partial halves are masked).
 
 use std::arch::x86_64::*;
 
-use super::Keys;
 use super::lanes::LANES;
+use super::{Keys, KvElem};
 use crate::exp::x86::exp8;
 
 /// Mask of the valid lanes of half `h` of 16-lane chunk `c` of an `n`-vector (all-ones lanes).
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 fn half_mask(n: usize, c: usize, h: usize) -> __m256i {
     let start = c * LANES + h * 8;
@@ -26,24 +27,50 @@ fn half_mask(n: usize, c: usize, h: usize) -> __m256i {
     _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), idx)
 }
 
-/// Half `h` of chunk `c` of `row` (zeros past its end).
-#[target_feature(enable = "avx2,fma")]
+/// 8 elements at `p`, as f32.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `p` readable for 8 elements.
+#[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn load_half(row: &[f32], c: usize, h: usize) -> __m256 {
+unsafe fn load8<E: KvElem>(p: *const E) -> __m256 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if E::IS_F16 {
+            _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+        } else {
+            _mm256_loadu_ps(p.cast())
+        }
+    }
+}
+
+/// Half `h` of chunk `c` of `row` as f32 (zeros past its end).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn load_half<E: KvElem>(row: &[E], c: usize, h: usize) -> __m256 {
     let start = c * LANES + h * 8;
     if start + 8 <= row.len() {
-        // SAFETY: 8 floats at `start` are inside `row`.
-        unsafe { _mm256_loadu_ps(row.as_ptr().add(start)) }
+        // SAFETY: 8 elements at `start` are inside `row`.
+        unsafe { load8(row.as_ptr().add(start)) }
     } else if start < row.len() {
-        // SAFETY: the mask enables only lanes start + l < row.len().
-        unsafe { _mm256_maskload_ps(row.as_ptr().add(start), half_mask(row.len(), c, h)) }
+        if E::IS_F16 {
+            let mut part = [E::default(); 8];
+            part[..row.len() - start].copy_from_slice(&row[start..]);
+            // SAFETY: `part` is 8 elements.
+            unsafe { load8(part.as_ptr()) }
+        } else {
+            // SAFETY: the mask enables only lanes start + l < row.len() (f32 elements).
+            unsafe {
+                _mm256_maskload_ps(row.as_ptr().add(start).cast(), half_mask(row.len(), c, h))
+            }
+        }
     } else {
         _mm256_setzero_ps()
     }
 }
 
 /// The reference tree of 16 lanes held as (lo, hi).
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 fn reduce(lo: __m256, hi: __m256) -> f32 {
     let s8 = _mm256_add_ps(lo, hi);
@@ -53,9 +80,9 @@ fn reduce(lo: __m256, hi: __m256) -> f32 {
 }
 
 /// q · k in the reference order, before the scale.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn dot(q: &[f32], k: &[f32]) -> f32 {
+fn dot<E: KvElem>(q: &[f32], k: &[E]) -> f32 {
     let mut lo = _mm256_mul_ps(load_half(q, 0, 0), load_half(k, 0, 0));
     let mut hi = _mm256_mul_ps(load_half(q, 0, 1), load_half(k, 0, 1));
     for c in 1..q.len().div_ceil(LANES) {
@@ -69,11 +96,11 @@ fn dot(q: &[f32], k: &[f32]) -> f32 {
 /// of 16): [`scores4`] when `hd` is a multiple of 16, else [`scores16`] row by row.
 ///
 /// # Safety
-/// The CPU must have AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
-pub unsafe fn scores_rows(
+/// The CPU must have AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn scores_rows<E: KvElem>(
     qs: &[&[f32]],
-    keys: &Keys,
+    keys: &Keys<E>,
     k0: usize,
     k1: usize,
     scale: f32,
@@ -89,6 +116,9 @@ pub unsafe fn scores_rows(
         let vscale = _mm_set1_ps(scale);
         for (i, q) in qs.iter().enumerate() {
             for k in (k0..k1).step_by(4) {
+                for j in 0..4 {
+                    keys.prefetch_ahead(k + j);
+                }
                 // SAFETY: keys k..k + 4 are committed rows of `hd` floats inside the cache
                 // (asserted for the last one); q is `hd` floats; out[i·width + k..][..4] is
                 // inside `out` (k + 4 ≤ k1 ≤ width).
@@ -122,12 +152,12 @@ pub unsafe fn scores_rows(
 /// key's latency chain.
 ///
 /// # Safety
-/// AVX2 and FMA; `q` and the 4 key rows readable for `16·nc` floats; `out` writable for 4.
-#[target_feature(enable = "avx2,fma")]
+/// AVX2, FMA and F16C; `q` and the 4 key rows readable for `16·nc` floats; `out` writable for 4.
+#[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn scores4(
+unsafe fn scores4<E: KvElem>(
     q: *const f32,
-    k: *const f32,
+    k: *const E,
     stride: usize,
     nc: usize,
     scale: __m128,
@@ -140,8 +170,8 @@ unsafe fn scores4(
         let mut lo = [_mm256_setzero_ps(); 4];
         let mut hi = [_mm256_setzero_ps(); 4];
         for j in 0..4 {
-            lo[j] = _mm256_mul_ps(ql, _mm256_loadu_ps(kp[j]));
-            hi[j] = _mm256_mul_ps(qh, _mm256_loadu_ps(kp[j].add(8)));
+            lo[j] = _mm256_mul_ps(ql, load8(kp[j]));
+            hi[j] = _mm256_mul_ps(qh, load8(kp[j].add(8)));
         }
         for c in 1..nc {
             let (ql, qh) = (
@@ -149,8 +179,8 @@ unsafe fn scores4(
                 _mm256_loadu_ps(q.add(16 * c + 8)),
             );
             for j in 0..4 {
-                lo[j] = _mm256_fmadd_ps(ql, _mm256_loadu_ps(kp[j].add(16 * c)), lo[j]);
-                hi[j] = _mm256_fmadd_ps(qh, _mm256_loadu_ps(kp[j].add(16 * c + 8)), hi[j]);
+                lo[j] = _mm256_fmadd_ps(ql, load8(kp[j].add(16 * c)), lo[j]);
+                hi[j] = _mm256_fmadd_ps(qh, load8(kp[j].add(16 * c + 8)), hi[j]);
             }
         }
         let s: [__m256; 4] = std::array::from_fn(|j| _mm256_add_ps(lo[j], hi[j]));
@@ -181,9 +211,15 @@ unsafe fn scores4(
 /// `out[j] = (q · key(k0 + j)) · scale` for j < 16.
 ///
 /// # Safety
-/// The CPU must have AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
-pub unsafe fn scores16(q: &[f32], keys: &Keys, k0: usize, scale: f32, out: &mut [f32]) {
+/// The CPU must have AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn scores16<E: KvElem>(
+    q: &[f32],
+    keys: &Keys<E>,
+    k0: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
     for (j, o) in out[..LANES].iter_mut().enumerate() {
         *o = dot(q, keys.row(k0 + j)) * scale;
     }
@@ -192,17 +228,17 @@ pub unsafe fn scores16(q: &[f32], keys: &Keys, k0: usize, scale: f32, out: &mut 
 /// `(q · k) · scale`.
 ///
 /// # Safety
-/// The CPU must have AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
-pub unsafe fn score1(q: &[f32], k: &[f32], scale: f32) -> f32 {
+/// The CPU must have AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn score1<E: KvElem>(q: &[f32], k: &[E], scale: f32) -> f32 {
     dot(q, k) * scale
 }
 
 /// The largest of `s` (−∞ when empty).
 ///
 /// # Safety
-/// The CPU must have AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must have AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn max_of(s: &[f32]) -> f32 {
     let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
     let mut m = ninf;
@@ -223,8 +259,8 @@ pub unsafe fn max_of(s: &[f32]) -> f32 {
 /// `s[k] ← exp(s[k] − max)`, returning their sum (reference order).
 ///
 /// # Safety
-/// The CPU must have AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must have AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn exp_sum(s: &mut [f32], max: f32) -> f32 {
     let vmax = _mm256_set1_ps(max);
     let mut acc = [_mm256_setzero_ps(); 2];
@@ -249,10 +285,16 @@ pub unsafe fn exp_sum(s: &mut [f32], max: f32) -> f32 {
 /// `k0..k1`.
 ///
 /// # Safety
-/// The CPU must have AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must have AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::needless_range_loop)] // v indexes the masks and both accumulator sets.
-pub unsafe fn weighted_part(p: &[f32], keys: &Keys, k0: usize, k1: usize, acc: &mut [f32]) {
+pub unsafe fn weighted_part<E: KvElem>(
+    p: &[f32],
+    keys: &Keys<E>,
+    k0: usize,
+    k1: usize,
+    acc: &mut [f32],
+) {
     const GROUP: usize = 4; // 8-float registers per parity
     let hd = keys.hd;
     assert!(acc.len() == 2 * hd && k1 <= p.len() && k1 <= keys.len());
@@ -272,7 +314,7 @@ pub unsafe fn weighted_part(p: &[f32], keys: &Keys, k0: usize, k1: usize, acc: &
             ch[0][v] = load_half(even, c, h);
             ch[1][v] = load_half(odd, c, h);
         }
-        let step = |ch: &mut [__m256; GROUP], w: f32, r: &[f32]| {
+        let step = |ch: &mut [__m256; GROUP], w: f32, r: &[E]| {
             let w = _mm256_set1_ps(w);
             for v in 0..g {
                 let (c, h) = at(v);
@@ -309,14 +351,14 @@ pub unsafe fn weighted_part(p: &[f32], keys: &Keys, k0: usize, k1: usize, acc: &
 /// `ch[v] += w · r[8v..8v + 8]` for v < 4.
 ///
 /// # Safety
-/// AVX2 and FMA; `r` readable for 32 floats.
-#[target_feature(enable = "avx2,fma")]
+/// AVX2, FMA and F16C; `r` readable for 32 elements.
+#[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn step32(ch: &mut [__m256; 4], w: f32, r: *const f32) {
+unsafe fn step32<E: KvElem>(ch: &mut [__m256; 4], w: f32, r: *const E) {
     let w = _mm256_set1_ps(w);
     for (v, c) in ch.iter_mut().enumerate() {
         // SAFETY: the caller's contract.
-        *c = _mm256_fmadd_ps(w, unsafe { _mm256_loadu_ps(r.add(8 * v)) }, *c);
+        *c = _mm256_fmadd_ps(w, unsafe { load8(r.add(8 * v)) }, *c);
     }
 }
 
@@ -326,9 +368,9 @@ unsafe fn step32(ch: &mut [__m256; 4], w: f32, r: *const f32) {
 /// branched per register). Every chain adds its keys in order, as the reference does.
 ///
 /// # Safety
-/// AVX2 and FMA; `acc.len() == 2·hd`, `k1 ≤ p.len()`, `k1 ≤ keys.len()`, `hd % 32 == 0`.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn weighted32(p: &[f32], keys: &Keys, k0: usize, k1: usize, acc: &mut [f32]) {
+/// AVX2, FMA and F16C; `acc.len() == 2·hd`, `k1 ≤ p.len()`, `k1 ≤ keys.len()`, `hd % 32 == 0`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn weighted32<E: KvElem>(p: &[f32], keys: &Keys<E>, k0: usize, k1: usize, acc: &mut [f32]) {
     let (hd, stride) = (keys.hd, keys.stride);
     assert!(hd.is_multiple_of(32) && acc.len() == 2 * hd && k1 <= p.len() && k1 <= keys.len());
     let c1 = keys.committed.clamp(k0, k1);
@@ -356,6 +398,10 @@ unsafe fn weighted32(p: &[f32], keys: &Keys, k0: usize, k1: usize, acc: &mut [f3
                 k += 1;
             }
             while k + 2 <= c1 {
+                if f0 == 0 {
+                    keys.prefetch_ahead(k);
+                    keys.prefetch_ahead(k + 1);
+                }
                 step32(ev, p[k], row(k));
                 step32(od, p[k + 1], row(k + 1));
                 k += 2;

@@ -13,12 +13,13 @@
 //! - [`weighted_rows`]: the same chains for up to three query rows at once over a block of
 //!   committed values, each value row loaded once for all of them (a lone row is load-bound).
 //!
-//! Shapes: q and every key/value row are `hd` f32 (any hd; the last 16-lane chunk is masked).
+//! Shapes: q is `hd` f32, every key/value row `hd` cache elements (f32, or f16 widened as it
+//! is loaded); any hd (the last 16-lane chunk is masked).
 
 use std::arch::x86_64::*;
 
-use super::Keys;
 use super::lanes::{LANES, reduce16};
+use super::{Keys, KvElem};
 use crate::exp::x86::exp16;
 
 /// Mask of the valid lanes of 16-lane chunk `c` of an `hd`-vector.
@@ -32,19 +33,36 @@ fn chunk_mask(hd: usize, c: usize) -> __mmask16 {
     }
 }
 
-/// Lanes `c·16..` of `row` (zeros past its end).
-#[target_feature(enable = "avx512f")]
+/// The 16 elements at `p` that `m` selects, as f32 (zeros elsewhere).
+///
+/// # Safety
+/// AVX-512 F, BW and VL; the selected elements readable (masked-off lanes are not read).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]
-fn load_chunk(row: &[f32], c: usize) -> __m512 {
+unsafe fn ld<E: KvElem>(m: __mmask16, p: *const E) -> __m512 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if E::IS_F16 {
+            _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.cast()))
+        } else {
+            _mm512_maskz_loadu_ps(m, p.cast())
+        }
+    }
+}
+
+/// Lanes `c·16..` of `row` as f32 (zeros past its end).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+fn load_chunk<E: KvElem>(row: &[E], c: usize) -> __m512 {
     let m = chunk_mask(row.len(), c);
     // SAFETY: the mask covers only lanes c·16 + l < row.len(); masked-off lanes are not read.
-    unsafe { _mm512_maskz_loadu_ps(m, row.as_ptr().add(c * LANES)) }
+    unsafe { ld(m, row.as_ptr().add(c * LANES)) }
 }
 
 /// The 16 lane partials of q · k (reference order, before the tree).
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]
-fn partials(q: &[f32], k: &[f32]) -> __m512 {
+fn partials<E: KvElem>(q: &[f32], k: &[E]) -> __m512 {
     let mut p = _mm512_mul_ps(load_chunk(q, 0), load_chunk(k, 0));
     for c in 1..q.len().div_ceil(LANES) {
         p = _mm512_fmadd_ps(load_chunk(q, c), load_chunk(k, c), p);
@@ -55,9 +73,9 @@ fn partials(q: &[f32], k: &[f32]) -> __m512 {
 /// `(q · k) · scale` of one key.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F.
-#[target_feature(enable = "avx512f")]
-pub unsafe fn score1(q: &[f32], k: &[f32], scale: f32) -> f32 {
+/// The CPU must have AVX-512 F, BW and VL.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub unsafe fn score1<E: KvElem>(q: &[f32], k: &[E], scale: f32) -> f32 {
     let mut lanes = [0.0f32; LANES];
     // SAFETY: `lanes` is 16 writable f32.
     unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), partials(q, k)) };
@@ -67,8 +85,8 @@ pub unsafe fn score1(q: &[f32], k: &[f32], scale: f32) -> f32 {
 /// The largest of `s` (−∞ when empty).
 ///
 /// # Safety
-/// The CPU must have AVX-512 F.
-#[target_feature(enable = "avx512f")]
+/// The CPU must have AVX-512 F, BW and VL.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub unsafe fn max_of(s: &[f32]) -> f32 {
     let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
     for c in 0..s.len().div_ceil(LANES) {
@@ -89,8 +107,8 @@ pub unsafe fn max_of(s: &[f32]) -> f32 {
 /// `s[k] ← exp(s[k] − max)`, returning their sum (reference order).
 ///
 /// # Safety
-/// The CPU must have AVX-512 F.
-#[target_feature(enable = "avx512f")]
+/// The CPU must have AVX-512 F, BW and VL.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub unsafe fn exp_sum(s: &mut [f32], max: f32) -> f32 {
     let vmax = _mm512_set1_ps(max);
     let mut acc = _mm512_setzero_ps();
@@ -113,10 +131,16 @@ pub unsafe fn exp_sum(s: &mut [f32], max: f32) -> f32 {
 /// `k0..k1`.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F.
-#[target_feature(enable = "avx512f")]
+/// The CPU must have AVX-512 F, BW and VL.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[allow(clippy::needless_range_loop)] // c indexes the masks and both accumulator sets.
-pub unsafe fn weighted_part(p: &[f32], keys: &Keys, k0: usize, k1: usize, acc: &mut [f32]) {
+pub unsafe fn weighted_part<E: KvElem>(
+    p: &[f32],
+    keys: &Keys<E>,
+    k0: usize,
+    k1: usize,
+    acc: &mut [f32],
+) {
     const GROUP: usize = 4;
     let (hd, stride) = (keys.hd, keys.stride);
     assert!(acc.len() == 2 * hd && k1 <= p.len() && k1 <= keys.len());
@@ -146,23 +170,22 @@ pub unsafe fn weighted_part(p: &[f32], keys: &Keys, k0: usize, k1: usize, acc: &
             let (r, w) = (row(k), _mm512_set1_ps(p[k]));
             for c in 0..g {
                 // SAFETY: see `row`.
-                let v = unsafe { _mm512_maskz_loadu_ps(mask[c], r.add((c0 + c) * LANES)) };
+                let v = unsafe { ld(mask[c], r.add((c0 + c) * LANES)) };
                 ch[1][c] = _mm512_fmadd_ps(w, v, ch[1][c]);
             }
             k += 1;
         }
         while k + 2 <= c1 {
+            if c0 == 0 {
+                keys.prefetch_ahead(k);
+                keys.prefetch_ahead(k + 1);
+            }
             let (r0, r1) = (row(k), row(k + 1));
             let (w0, w1) = (_mm512_set1_ps(p[k]), _mm512_set1_ps(p[k + 1]));
             for c in 0..g {
                 let o = (c0 + c) * LANES;
                 // SAFETY: see `row`.
-                let (v0, v1) = unsafe {
-                    (
-                        _mm512_maskz_loadu_ps(mask[c], r0.add(o)),
-                        _mm512_maskz_loadu_ps(mask[c], r1.add(o)),
-                    )
-                };
+                let (v0, v1) = unsafe { (ld(mask[c], r0.add(o)), ld(mask[c], r1.add(o))) };
                 ch[0][c] = _mm512_fmadd_ps(w0, v0, ch[0][c]);
                 ch[1][c] = _mm512_fmadd_ps(w1, v1, ch[1][c]);
             }
@@ -192,12 +215,12 @@ pub unsafe fn weighted_part(p: &[f32], keys: &Keys, k0: usize, k1: usize, acc: &
 /// four FMAs, and loads were its bound). Every row's chains are exactly [`weighted_part`]'s.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F.
-#[target_feature(enable = "avx512f")]
-pub unsafe fn weighted_rows(
+/// The CPU must have AVX-512 F, BW and VL.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub unsafe fn weighted_rows<E: KvElem>(
     scores: &[f32],
     width: usize,
-    keys: &Keys,
+    keys: &Keys<E>,
     k0: usize,
     k1: usize,
     acc: &mut [f32],
@@ -213,9 +236,9 @@ pub unsafe fn weighted_rows(
         // SAFETY: the CPU has AVX-512 F (this function's contract); rows i..i + n exist.
         unsafe {
             match n {
-                3 => weighted_group::<3>(s, width, keys, k0, k1, a),
-                2 => weighted_group::<2>(s, width, keys, k0, k1, a),
-                _ => weighted_group::<1>(s, width, keys, k0, k1, a),
+                3 => weighted_group::<3, E>(s, width, keys, k0, k1, a),
+                2 => weighted_group::<2, E>(s, width, keys, k0, k1, a),
+                _ => weighted_group::<1, E>(s, width, keys, k0, k1, a),
             }
         }
         i += n;
@@ -224,13 +247,13 @@ pub unsafe fn weighted_rows(
 
 /// [`weighted_rows`] for exactly `R` rows (R ≤ 3: 8·R accumulators, 2·R weights and two
 /// values in the 32 registers).
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]
 #[allow(clippy::needless_range_loop)] // c and r index masks, offsets and accumulator sets.
-unsafe fn weighted_group<const R: usize>(
+unsafe fn weighted_group<const R: usize, E: KvElem>(
     scores: &[f32],
     width: usize,
-    keys: &Keys,
+    keys: &Keys<E>,
     k0: usize,
     k1: usize,
     acc: &mut [f32],
@@ -265,6 +288,10 @@ unsafe fn weighted_group<const R: usize>(
         }
         let mut k = k0;
         while k + 2 <= k1 {
+            if c0 == 0 {
+                keys.prefetch_ahead(k);
+                keys.prefetch_ahead(k + 1);
+            }
             let (r0, r1) = (row(k), row(k + 1));
             let mut w = [[_mm512_setzero_ps(); 2]; R];
             for r in 0..R {
@@ -275,12 +302,8 @@ unsafe fn weighted_group<const R: usize>(
             }
             for c in 0..GROUP {
                 // SAFETY: see `row`; `off[c]` is inside the row and the mask covers lanes < hd.
-                let (v0, v1) = unsafe {
-                    (
-                        _mm512_maskz_loadu_ps(mask[c], r0.add(off[c])),
-                        _mm512_maskz_loadu_ps(mask[c], r1.add(off[c])),
-                    )
-                };
+                let (v0, v1) =
+                    unsafe { (ld(mask[c], r0.add(off[c])), ld(mask[c], r1.add(off[c]))) };
                 for r in 0..R {
                     ch[r][0][c] = _mm512_fmadd_ps(w[r][0], v0, ch[r][0][c]);
                     ch[r][1][c] = _mm512_fmadd_ps(w[r][1], v1, ch[r][1][c]);
@@ -293,7 +316,7 @@ unsafe fn weighted_group<const R: usize>(
             let r0 = row(k);
             for c in 0..GROUP {
                 // SAFETY: as above.
-                let v = unsafe { _mm512_maskz_loadu_ps(mask[c], r0.add(off[c])) };
+                let v = unsafe { ld(mask[c], r0.add(off[c])) };
                 for r in 0..R {
                     let w = _mm512_set1_ps(scores[r * width + k]);
                     ch[r][0][c] = _mm512_fmadd_ps(w, v, ch[r][0][c]);
@@ -319,11 +342,11 @@ unsafe fn weighted_group<const R: usize>(
 /// the three rows; each key's score is the reference order's (see [`scores8_group`]).
 ///
 /// # Safety
-/// The CPU must have AVX-512 F and DQ.
-#[target_feature(enable = "avx512f,avx512dq")]
-pub unsafe fn scores_rows(
+/// The CPU must have AVX-512 F, DQ, BW and VL.
+#[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl")]
+pub unsafe fn scores_rows<E: KvElem>(
     qs: &[&[f32]],
-    keys: &Keys,
+    keys: &Keys<E>,
     k0: usize,
     k1: usize,
     scale: f32,
@@ -347,9 +370,9 @@ pub unsafe fn scores_rows(
             // rows inside the cache (asserted for the last one); `out` has `n` rows of `width`.
             unsafe {
                 match n {
-                    3 => scores8_group::<3>(&qs[i..i + 3], keys, k, scale, width, k, out),
-                    2 => scores8_group::<2>(&qs[i..i + 2], keys, k, scale, width, k, out),
-                    _ => scores8_group::<1>(&qs[i..i + 1], keys, k, scale, width, k, out),
+                    3 => scores8_group::<3, E>(&qs[i..i + 3], keys, k, scale, width, k, out),
+                    2 => scores8_group::<2, E>(&qs[i..i + 2], keys, k, scale, width, k, out),
+                    _ => scores8_group::<1, E>(&qs[i..i + 1], keys, k, scale, width, k, out),
                 }
             }
         }
@@ -366,13 +389,13 @@ pub unsafe fn scores_rows(
 /// # Safety
 /// AVX-512 F and DQ; keys `k0..k0 + 8` committed and inside the cache; `qs[r].len() == hd`;
 /// `out` holds `R` rows of `width ≥ at + 8` (the last one may end there).
-#[target_feature(enable = "avx512f,avx512dq")]
+#[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl")]
 #[inline]
 #[allow(clippy::needless_range_loop)] // r and j index several register arrays.
 #[allow(clippy::too_many_arguments)]
-unsafe fn scores8_group<const R: usize>(
+unsafe fn scores8_group<const R: usize, E: KvElem>(
     qs: &[&[f32]],
-    keys: &Keys,
+    keys: &Keys<E>,
     k0: usize,
     scale: f32,
     width: usize,
@@ -380,11 +403,12 @@ unsafe fn scores8_group<const R: usize>(
     out: &mut [f32],
 ) {
     let (hd, stride) = (keys.hd, keys.stride);
+    for j in 0..8 {
+        keys.prefetch_ahead(k0 + j);
+    }
     // SAFETY: the caller's contract: these 8 keys are committed rows inside the cache.
     let base = unsafe { keys.cache.as_ptr().add(k0 * stride + keys.off) };
-    let key = |j: usize, c: usize, m: __mmask16| unsafe {
-        _mm512_maskz_loadu_ps(m, base.add(j * stride + c * LANES))
-    };
+    let key = |j: usize, c: usize, m: __mmask16| unsafe { ld(m, base.add(j * stride + c * LANES)) };
     let mut p = [[_mm512_setzero_ps(); 8]; R];
     let m0 = chunk_mask(hd, 0);
     let mut q = [_mm512_setzero_ps(); R];

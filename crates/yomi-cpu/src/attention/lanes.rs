@@ -23,6 +23,8 @@ pub const LANES: usize = 16;
 
 pub use crate::exp::exp;
 
+use super::KvElem;
+
 /// The tree sum of 16 lanes: `l + 8`, then `l + 4`, `l + 2`, `l + 1`.
 #[inline(always)]
 pub fn reduce16(p: &[f32; LANES]) -> f32 {
@@ -38,16 +40,20 @@ pub fn reduce16(p: &[f32; LANES]) -> f32 {
     s2[0] + s2[1]
 }
 
-/// q · k in the reference order (see the module notes), before the scale.
+/// q · k in the reference order (see the module notes), before the scale (k widened to f32).
 #[inline(always)]
-pub fn dot(q: &[f32], k: &[f32]) -> f32 {
+pub fn dot<E: KvElem>(q: &[f32], k: &[E]) -> f32 {
     debug_assert_eq!(q.len(), k.len());
     let hd = q.len();
     let mut p = [0.0f32; LANES];
     for c in 0..hd.div_ceil(LANES) {
         for (l, acc) in p.iter_mut().enumerate() {
             let d = c * LANES + l;
-            let (a, b) = if d < hd { (q[d], k[d]) } else { (0.0, 0.0) };
+            let (a, b) = if d < hd {
+                (q[d], k[d].to_f32())
+            } else {
+                (0.0, 0.0)
+            };
             *acc = if c == 0 { a * b } else { a.mul_add(b, *acc) };
         }
     }
@@ -80,9 +86,9 @@ pub fn exp_sum(s: &mut [f32], max: f32) -> f32 {
 /// Continues the two output chains of every value over keys `k0..k1`: `acc[0..hd]` (even key
 /// index) and `acc[hd..2hd]` (odd) get `fma(p_k, v_k[d], ·)`, key after key. The chains start
 /// at zero; a row's keys may come in several parts (shared committed blocks, then its path).
-pub fn weighted_part<'a>(
+pub fn weighted_part<'a, E: KvElem>(
     p: &[f32],
-    v: impl Fn(usize) -> &'a [f32],
+    v: impl Fn(usize) -> &'a [E],
     k0: usize,
     k1: usize,
     acc: &mut [f32],
@@ -91,7 +97,7 @@ pub fn weighted_part<'a>(
     for (k, &w) in p.iter().enumerate().take(k1).skip(k0) {
         let row = v(k);
         for (a, &x) in acc[(k % 2) * hd..][..hd].iter_mut().zip(row) {
-            *a = w.mul_add(x, *a);
+            *a = w.mul_add(x.to_f32(), *a);
         }
     }
 }

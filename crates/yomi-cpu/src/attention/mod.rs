@@ -17,7 +17,10 @@ use yomi_core::TreeBatch;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod kv_elem;
 pub mod lanes;
+
+pub use kv_elem::KvElem;
 
 #[derive(Clone, Copy, Debug)]
 pub struct AttnShape {
@@ -28,8 +31,8 @@ pub struct AttnShape {
 
 /// The keys (or values) one query row sees, by index in its visible list: the committed rows
 /// `0..committed`, then the row's tree path (pending rows, root first).
-pub(crate) struct Keys<'a> {
-    cache: &'a [f32],
+pub(crate) struct Keys<'a, E> {
+    cache: &'a [E],
     /// Floats per cache row (`n_kv · hd`).
     stride: usize,
     /// This KV head's offset in a cache row.
@@ -40,7 +43,40 @@ pub(crate) struct Keys<'a> {
     path: &'a [usize],
 }
 
-impl Keys<'_> {
+/// Committed rows ahead of the one being read that the kernels prefetch. A task reads one KV
+/// head's slice of each cache row (a strided stream: `hd` elements every `n_kv · hd`), which
+/// the hardware prefetchers follow poorly: at T = 1 over a long context the kernels waited on
+/// memory at 4–11 GB/s (`ATTN_LAYERS=30 attn_bench 3000 1`).
+pub(crate) const PREFETCH_ROWS: usize = 16;
+
+impl<E: KvElem> Keys<'_, E> {
+    /// Hints the CPU to fetch committed row `k + PREFETCH_ROWS` of this head into the cache
+    /// (a prefetch never faults, so rows past the cache's end are harmless).
+    #[inline(always)]
+    pub fn prefetch_ahead(&self, k: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let p = self
+                .cache
+                .as_ptr()
+                .wrapping_add((k + PREFETCH_ROWS) * self.stride + self.off)
+                .cast::<i8>();
+            let bytes = self.hd * std::mem::size_of::<E>();
+            let mut o = 0;
+            while o < bytes {
+                // SAFETY: a prefetch is a hint; it reads nothing and never faults.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        p.wrapping_add(o),
+                    )
+                };
+                o += 64;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = k;
+    }
+
     /// Visible keys.
     #[allow(clippy::len_without_is_empty)] // never empty: a row sees at least itself.
     pub fn len(&self) -> usize {
@@ -49,7 +85,7 @@ impl Keys<'_> {
 
     /// The `hd` values of visible key `k`.
     #[inline(always)]
-    pub fn row(&self, k: usize) -> &[f32] {
+    pub fn row(&self, k: usize) -> &[E] {
         let pos = if k < self.committed {
             k
         } else {
@@ -62,18 +98,18 @@ impl Keys<'_> {
 /// The attention arithmetic of one instruction set, in the order of [`lanes`].
 trait Lanes {
     /// `(q · k) · scale`.
-    fn score1(q: &[f32], k: &[f32], scale: f32) -> f32;
+    fn score1<E: KvElem>(q: &[f32], k: &[E], scale: f32) -> f32;
     /// The largest of `s` (−∞ when empty; NaNs ignored where the instruction set can).
     fn max_of(s: &[f32]) -> f32;
     /// `s ← exp(s − max)`, returning the sum.
     fn exp_sum(s: &mut [f32], max: f32) -> f32;
     /// The output chains `acc` ([2, hd]) continued over values `k0..k1` ([`lanes::weighted_part`]).
-    fn weighted_part(p: &[f32], values: &Keys, k0: usize, k1: usize, acc: &mut [f32]);
+    fn weighted_part<E: KvElem>(p: &[f32], values: &Keys<E>, k0: usize, k1: usize, acc: &mut [f32]);
     /// `out[i·width + k] = (qs[i] · key(k)) · scale` for the committed keys `k0..k1`
     /// (multiples of 16). Kernels may share key loads between rows.
-    fn scores_rows(
+    fn scores_rows<E: KvElem>(
         qs: &[&[f32]],
-        keys: &Keys,
+        keys: &Keys<E>,
         k0: usize,
         k1: usize,
         scale: f32,
@@ -83,10 +119,10 @@ trait Lanes {
     /// [`weighted_part`](Self::weighted_part) for several query rows over committed values
     /// `k0..k1` (`k0` even): row i's weights are `scores[i·width..]`, its chains
     /// `acc[i·2hd..(i + 1)·2hd]`. Kernels may share value loads between rows.
-    fn weighted_rows(
+    fn weighted_rows<E: KvElem>(
         scores: &[f32],
         width: usize,
-        values: &Keys,
+        values: &Keys<E>,
         k0: usize,
         k1: usize,
         acc: &mut [f32],
@@ -101,9 +137,9 @@ trait Lanes {
 struct Portable;
 
 impl Lanes for Portable {
-    fn scores_rows(
+    fn scores_rows<E: KvElem>(
         qs: &[&[f32]],
-        keys: &Keys,
+        keys: &Keys<E>,
         k0: usize,
         k1: usize,
         scale: f32,
@@ -116,7 +152,7 @@ impl Lanes for Portable {
             }
         }
     }
-    fn score1(q: &[f32], k: &[f32], scale: f32) -> f32 {
+    fn score1<E: KvElem>(q: &[f32], k: &[E], scale: f32) -> f32 {
         lanes::dot(q, k) * scale
     }
     fn max_of(s: &[f32]) -> f32 {
@@ -125,13 +161,19 @@ impl Lanes for Portable {
     fn exp_sum(s: &mut [f32], max: f32) -> f32 {
         lanes::exp_sum(s, max)
     }
-    fn weighted_part(p: &[f32], values: &Keys, k0: usize, k1: usize, acc: &mut [f32]) {
+    fn weighted_part<E: KvElem>(
+        p: &[f32],
+        values: &Keys<E>,
+        k0: usize,
+        k1: usize,
+        acc: &mut [f32],
+    ) {
         lanes::weighted_part(p, |k| values.row(k), k0, k1, acc)
     }
 }
 
 /// The AVX2 + FMA kernels ([`avx2`]), for CPUs without AVX-512. Only chosen when the CPU has
-/// both.
+/// both, and F16C (to widen an f16 cache).
 #[cfg(target_arch = "x86_64")]
 struct Avx2Fma;
 
@@ -143,9 +185,9 @@ struct Avx2Fma;
 macro_rules! forward_lanes {
     ($ty:ident, $m:ident $(, $weighted_rows:ident)?) => {
         impl Lanes for $ty {
-            fn scores_rows(
+            fn scores_rows<E: KvElem>(
                 qs: &[&[f32]],
-                keys: &Keys,
+                keys: &Keys<E>,
                 k0: usize,
                 k1: usize,
                 scale: f32,
@@ -154,7 +196,7 @@ macro_rules! forward_lanes {
             ) {
                 unsafe { $m::scores_rows(qs, keys, k0, k1, scale, width, out) }
             }
-            fn score1(q: &[f32], k: &[f32], scale: f32) -> f32 {
+            fn score1<E: KvElem>(q: &[f32], k: &[E], scale: f32) -> f32 {
                 unsafe { $m::score1(q, k, scale) }
             }
             fn max_of(s: &[f32]) -> f32 {
@@ -163,14 +205,20 @@ macro_rules! forward_lanes {
             fn exp_sum(s: &mut [f32], max: f32) -> f32 {
                 unsafe { $m::exp_sum(s, max) }
             }
-            fn weighted_part(p: &[f32], values: &Keys, k0: usize, k1: usize, acc: &mut [f32]) {
+            fn weighted_part<E: KvElem>(
+                p: &[f32],
+                values: &Keys<E>,
+                k0: usize,
+                k1: usize,
+                acc: &mut [f32],
+            ) {
                 unsafe { $m::weighted_part(p, values, k0, k1, acc) }
             }
             $(
-                fn weighted_rows(
+                fn weighted_rows<E: KvElem>(
                     scores: &[f32],
                     width: usize,
-                    values: &Keys,
+                    values: &Keys<E>,
                     k0: usize,
                     k1: usize,
                     acc: &mut [f32],
@@ -185,7 +233,8 @@ macro_rules! forward_lanes {
 #[cfg(target_arch = "x86_64")]
 forward_lanes!(Avx2Fma, avx2);
 
-/// The AVX-512 kernels ([`avx512`]). Only chosen when the CPU has AVX-512 F and DQ.
+/// The AVX-512 kernels ([`avx512`]). Only chosen when the CPU has AVX-512 F, DQ, BW and VL
+/// (BW and VL for the masked 16-bit loads of an f16 cache).
 #[cfg(target_arch = "x86_64")]
 struct Avx512;
 
@@ -207,10 +256,17 @@ impl AttnIsa {
         match self {
             AttnIsa::Portable => true,
             #[cfg(target_arch = "x86_64")]
-            AttnIsa::Avx2Fma => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+            AttnIsa::Avx2Fma => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
             #[cfg(target_arch = "x86_64")]
             AttnIsa::Avx512 => {
-                is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq")
+                is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512dq")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
             }
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
@@ -252,10 +308,10 @@ const MAX_QUERIES: usize = 8;
 
 /// Tree attention with the best kernels of this CPU (see the module notes for the shapes).
 #[allow(clippy::too_many_arguments)]
-pub fn attention_tree(
+pub fn attention_tree<E: KvElem>(
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: &[E],
+    v_cache: &[E],
     committed: usize,
     tree: &TreeBatch,
     shape: AttnShape,
@@ -277,11 +333,11 @@ pub fn attention_tree(
 
 /// [`attention_tree`] on a chosen instruction set. Panics if the CPU lacks it.
 #[allow(clippy::too_many_arguments)]
-pub fn attention_tree_with(
+pub fn attention_tree_with<E: KvElem>(
     isa: AttnIsa,
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: &[E],
+    v_cache: &[E],
     committed: usize,
     tree: &TreeBatch,
     shape: AttnShape,
@@ -291,20 +347,20 @@ pub fn attention_tree_with(
     assert!(isa.is_supported(), "attention: this CPU lacks {isa:?}");
     let args = (q, k_cache, v_cache, committed, tree, shape, scale, out);
     match isa {
-        AttnIsa::Portable => run::<Portable>(args),
+        AttnIsa::Portable => run::<Portable, E>(args),
         #[cfg(target_arch = "x86_64")]
-        AttnIsa::Avx2Fma => run::<Avx2Fma>(args),
+        AttnIsa::Avx2Fma => run::<Avx2Fma, E>(args),
         #[cfg(target_arch = "x86_64")]
-        AttnIsa::Avx512 => run::<Avx512>(args),
+        AttnIsa::Avx512 => run::<Avx512, E>(args),
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("checked by is_supported"),
     }
 }
 
-type Args<'a> = (
+type Args<'a, E> = (
     &'a [f32],
-    &'a [f32],
-    &'a [f32],
+    &'a [E],
+    &'a [E],
     usize,
     &'a TreeBatch,
     AttnShape,
@@ -341,7 +397,7 @@ fn rows_per_task(n_kv: usize, per_kv: usize, group: usize, threads: usize) -> us
 /// in parallel. A task reads each block of committed keys and values once from L2 for all its
 /// query rows; each query row then adds its own path. The per-row arithmetic is that of
 /// [`lanes`] whatever the grouping, so the grouping may follow T and the thread count freely.
-fn run<L: Lanes>((q, k_cache, v_cache, committed, tree, shape, scale, out): Args) {
+fn run<L: Lanes, E: KvElem>((q, k_cache, v_cache, committed, tree, shape, scale, out): Args<E>) {
     let AttnShape {
         n_heads,
         n_kv,
@@ -571,6 +627,67 @@ mod tests {
                 attention_tree_with(isa, &q, &k, &v, committed, &tree, shape, scale, &mut got);
                 // f32 sums of ≤ 316 terms of |p·v| ≤ 1 against f64: a few ulp of the output.
                 let err = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0.0f32, f32::max);
+                assert!(err < 1e-5, "{isa:?} hd {hd}: max abs err {err}");
+            }
+        }
+    }
+
+    /// An f16 cache gives bit for bit the f32 pass over its widened values (the kernels widen
+    /// exactly as they load, then run the same f32 arithmetic), on every instruction set and
+    /// at the shapes of the bitwise test below, including hd = 40 (masked f16 tails) and
+    /// committed lengths off the 16-key blocks.
+    #[test]
+    fn f16_cache_is_bitwise_the_f32_pass_over_its_widened_values() {
+        use half::f16;
+        let parents = [-1, 0, 0, 1, 1, 2, 3, 3, 4, 5, 6, 7, 9, 12, 12, 11];
+        let tree = TreeBatch::from_parents(&parents).unwrap();
+        let t = tree.len();
+        for (n_heads, n_kv, hd, committed) in [(9, 3, 64, 300), (16, 4, 256, 70), (4, 2, 40, 37)] {
+            let shape = AttnShape {
+                n_heads,
+                n_kv,
+                head_dim: hd,
+            };
+            let n = (committed + t) * n_kv * hd;
+            let to16 = |v: Vec<f32>| v.into_iter().map(f16::from_f32).collect::<Vec<_>>();
+            let (k16, v16) = (to16(rand(n, 21)), to16(rand(n, 22)));
+            let widen = |v: &[f16]| v.iter().map(|x| x.to_f32()).collect::<Vec<_>>();
+            let (k32, v32) = (widen(&k16), widen(&v16));
+            let q = rand(t * n_heads * hd, 23);
+            let scale = 1.0 / (hd as f32).sqrt();
+            let mut want = vec![0.0; q.len()];
+            attention_reference(&q, &k32, &v32, committed, &tree, shape, scale, &mut want);
+            for isa in isas() {
+                let mut from32 = vec![0.0; q.len()];
+                attention_tree_with(
+                    isa,
+                    &q,
+                    &k32,
+                    &v32,
+                    committed,
+                    &tree,
+                    shape,
+                    scale,
+                    &mut from32,
+                );
+                let mut from16 = vec![0.0; q.len()];
+                attention_tree_with(
+                    isa,
+                    &q,
+                    &k16,
+                    &v16,
+                    committed,
+                    &tree,
+                    shape,
+                    scale,
+                    &mut from16,
+                );
+                assert_eq!(bits(&from16), bits(&from32), "{isa:?} hd {hd}");
+                let err = from16
                     .iter()
                     .zip(&want)
                     .map(|(x, y)| (x - y).abs())

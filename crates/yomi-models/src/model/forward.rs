@@ -6,6 +6,8 @@ use yomi_core::{TopRows, TreeBatch};
 
 use yomi_cpu::activation::{sigmoid, softplus, swiglu};
 use yomi_cpu::attention::{AttnShape, attention_tree};
+
+use crate::KvRows;
 use yomi_cpu::conv::conv1d_tree;
 use yomi_cpu::gdn::{GdnRows, GdnShape, gdn_commit_replay, gdn_tree_forward};
 use yomi_cpu::linear::{linear, linear_many};
@@ -365,24 +367,24 @@ impl Model {
                 .apply(&mut kb[i * nkv * hd..(i + 1) * nkv * hd], hd, cs);
         }
         let stride = nkv * hd;
-        cache.k[committed * stride..(committed + t) * stride].copy_from_slice(kb);
-        cache.v[committed * stride..(committed + t) * stride].copy_from_slice(vb);
+        cache.k.write_f32(committed * stride, kb);
+        cache.v.write_f32(committed * stride, vb);
         let o = sized(o, t * nh * hd);
         let shape = AttnShape {
             n_heads: nh,
             n_kv: nkv,
             head_dim: hd,
         };
-        attention_tree(
-            q,
-            &cache.k,
-            &cache.v,
-            committed,
-            tree,
-            shape,
-            1.0 / (hd as f32).sqrt(),
-            o,
-        );
+        let scale = 1.0 / (hd as f32).sqrt();
+        match (&cache.k, &cache.v) {
+            (KvRows::F32(k), KvRows::F32(v)) => {
+                attention_tree(q, k, v, committed, tree, shape, scale, o)
+            }
+            (KvRows::F16(k), KvRows::F16(v)) => {
+                attention_tree(q, k, v, committed, tree, shape, scale, o)
+            }
+            _ => unreachable!("State::new makes K and V caches of one element type"),
+        }
         if cfg.attn_output_gate {
             for (ov, gv) in o.iter_mut().zip(gate.iter()) {
                 *ov *= sigmoid(*gv);

@@ -74,6 +74,9 @@ pub struct Model {
     pub accel: Option<std::sync::Arc<dyn crate::accel::Accelerator>>,
     /// The host copies of the matrices were dropped ([`Model::release_host_matrices`]).
     pub host_matrices_released: bool,
+    /// Element type of the CPU attention caches of new states (f32 by default: exact; f16
+    /// halves their memory). Device states keep their own.
+    pub kv_dtype: crate::KvDtype,
 }
 
 impl Model {
@@ -134,6 +137,7 @@ impl Model {
             rope,
             accel: None,
             host_matrices_released: false,
+            kv_dtype: crate::KvDtype::F32,
         })
     }
 
@@ -152,7 +156,7 @@ impl Model {
     /// A fresh state for up to `capacity` tokens; with an accelerator its passes run there (the
     /// device state is made on the first pass).
     pub fn new_state(&self, capacity: usize) -> crate::State {
-        let mut st = crate::State::new(&self.cfg, capacity);
+        let mut st = crate::State::new(&self.cfg, capacity, self.kv_dtype);
         st.on_device = self.accel.is_some();
         st
     }

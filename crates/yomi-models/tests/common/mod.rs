@@ -119,7 +119,7 @@ pub fn prefill_chunked(m: &Model, st: &mut State, ids: &[u32], chunk: usize) -> 
 /// Greedy decoding through the decode path: prefill, then one token per pass.
 /// Returns (generated ids, logits that chose each).
 pub fn greedy(m: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
-    let mut st = State::new(&m.cfg, 4096);
+    let mut st = State::new(&m.cfg, 4096, yomi_models::KvDtype::F32);
     let mut logits = Vec::new();
     let tree = TreeBatch::chain(prompt.len());
     m.forward(&mut st, prompt, &tree, LogitRows::Last, &mut logits)
@@ -150,7 +150,7 @@ pub fn check_reference(dir: &Path, tol: f32, chunks: &[usize]) {
     let v = m.cfg.vocab_size;
 
     // One pass over the prompt, all rows, with the residual stream traced.
-    let mut st = State::new(&m.cfg, 4096);
+    let mut st = State::new(&m.cfg, 4096, yomi_models::KvDtype::F32);
     let mut logits = Vec::new();
     let mut trace = yomi_models::Trace::default();
     let tree = TreeBatch::chain(prompt.len());
@@ -185,7 +185,7 @@ pub fn check_reference(dir: &Path, tol: f32, chunks: &[usize]) {
     // No-cache full sequence.
     let mut full: Vec<u32> = prompt.clone();
     full.extend(&want);
-    let mut st = State::new(&m.cfg, 4096);
+    let mut st = State::new(&m.cfg, 4096, yomi_models::KvDtype::F32);
     m.forward(
         &mut st,
         &full,
@@ -199,7 +199,7 @@ pub fn check_reference(dir: &Path, tol: f32, chunks: &[usize]) {
 
     // Chunked prefill gives the same logits whatever the chunk size.
     for &c in chunks {
-        let mut st = State::new(&m.cfg, 4096);
+        let mut st = State::new(&m.cfg, 4096, yomi_models::KvDtype::F32);
         let got = prefill_chunked(&m, &mut st, &prompt, c);
         let e = max_abs_diff(&got, r.f("prefill_logits"));
         assert!(e < tol, "prefill in chunks of {c}: logits differ by {e}");
@@ -210,7 +210,7 @@ pub fn check_reference(dir: &Path, tol: f32, chunks: &[usize]) {
     let parents = r.parents("tree_parents");
     let toks = r.ids("tree_tokens");
     let tree = TreeBatch::from_parents(&parents).unwrap();
-    let mut st = State::new(&m.cfg, 4096);
+    let mut st = State::new(&m.cfg, 4096, yomi_models::KvDtype::F32);
     prefill_chunked(&m, &mut st, &prompt, 64);
     m.forward(&mut st, &toks, &tree, LogitRows::All, &mut logits)
         .unwrap();
@@ -224,7 +224,7 @@ pub fn check_reference(dir: &Path, tol: f32, chunks: &[usize]) {
     for i in 0..toks.len() {
         let mut path: Vec<u32> = prompt.clone();
         path.extend(tree.path_to(i).iter().map(|&j| toks[j]));
-        let mut st2 = State::new(&m.cfg, 4096);
+        let mut st2 = State::new(&m.cfg, 4096, yomi_models::KvDtype::F32);
         let mut own = Vec::new();
         m.forward(
             &mut st2,

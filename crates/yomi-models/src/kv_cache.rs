@@ -1,0 +1,187 @@
+//! The storage of the CPU attention caches: K or V rows of one layer, in f32 or f16.
+//!
+//! f16 halves the bytes a decode step reads from the cache (see `yomi_cpu::attention::KvElem`);
+//! the kernels widen it exactly, so the only loss is the rounding of each K/V value when its row
+//! is written (relative error ≤ 2⁻¹¹). f32 keeps the cache exact, as the fixture tests need.
+
+use std::ops::Range;
+
+use half::f16;
+use yomi_cpu::attention::KvElem;
+
+/// The element type of the CPU attention caches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvDtype {
+    /// Exact: the values the pass computed.
+    #[default]
+    F32,
+    /// Half the bytes; each value rounded to the nearest f16 as its row is written.
+    F16,
+}
+
+impl KvDtype {
+    /// Bytes per cached value.
+    pub fn size_bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+}
+
+impl std::str::FromStr for KvDtype {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Ok(KvDtype::F32),
+            "f16" => Ok(KvDtype::F16),
+            _ => anyhow::bail!("unknown KV cache type {s:?} (expected f16 or f32)"),
+        }
+    }
+}
+
+impl std::fmt::Display for KvDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+        })
+    }
+}
+
+/// Rows of K or V values ([rows, n_kv, hd] flattened), in the cache's element type.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KvRows {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+/// `$body` with `$v` bound to the inner vector of `$rows`, whatever its element type.
+macro_rules! each {
+    ($rows:expr, $v:ident => $body:expr) => {
+        match $rows {
+            KvRows::F32($v) => $body,
+            KvRows::F16($v) => $body,
+        }
+    };
+}
+
+impl KvRows {
+    /// `n` zero values.
+    pub fn zeros(dtype: KvDtype, n: usize) -> Self {
+        match dtype {
+            KvDtype::F32 => KvRows::F32(vec![0.0; n]),
+            KvDtype::F16 => KvRows::F16(vec![f16::ZERO; n]),
+        }
+    }
+
+    /// No values.
+    pub fn empty(dtype: KvDtype) -> Self {
+        Self::zeros(dtype, 0)
+    }
+
+    pub fn dtype(&self) -> KvDtype {
+        match self {
+            KvRows::F32(_) => KvDtype::F32,
+            KvRows::F16(_) => KvDtype::F16,
+        }
+    }
+
+    /// Values held.
+    pub fn len(&self) -> usize {
+        each!(self, v => v.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Heap bytes of the values.
+    pub fn size_bytes(&self) -> usize {
+        self.len() * self.dtype().size_bytes()
+    }
+
+    /// Stores `src` at value offset `at` (rounded to the element type).
+    pub fn write_f32(&mut self, at: usize, src: &[f32]) {
+        each!(self, v => KvElem::store_f32(src, &mut v[at..at + src.len()]))
+    }
+
+    /// Values `range` widened to f32.
+    pub fn to_f32(&self, range: Range<usize>) -> Vec<f32> {
+        let mut out = vec![0.0; range.len()];
+        each!(self, v => KvElem::load_f32(&v[range], &mut out));
+        out
+    }
+
+    /// Copies values `src` to offset `dst` within these rows (as `slice::copy_within`).
+    pub fn copy_within(&mut self, src: Range<usize>, dst: usize) {
+        each!(self, v => v.copy_within(src, dst))
+    }
+
+    /// Appends values `range` of `other`, which must have the same element type.
+    pub fn extend_from(&mut self, other: &KvRows, range: Range<usize>) {
+        match (self, other) {
+            (KvRows::F32(a), KvRows::F32(b)) => {
+                a.reserve_exact(range.len());
+                a.extend_from_slice(&b[range]);
+            }
+            (KvRows::F16(a), KvRows::F16(b)) => {
+                a.reserve_exact(range.len());
+                a.extend_from_slice(&b[range]);
+            }
+            _ => panic!("K/V rows of different element types"),
+        }
+    }
+
+    /// Overwrites values `range` with the same values of `other` (same element type).
+    pub fn copy_from(&mut self, other: &KvRows, range: Range<usize>) {
+        match (self, other) {
+            (KvRows::F32(a), KvRows::F32(b)) => a[range.clone()].copy_from_slice(&b[range]),
+            (KvRows::F16(a), KvRows::F16(b)) => a[range.clone()].copy_from_slice(&b[range]),
+            _ => panic!("K/V rows of different element types"),
+        }
+    }
+
+    /// Keeps the first `n` values and frees the rest.
+    pub fn truncate(&mut self, n: usize) {
+        each!(self, v => {
+            v.truncate(n);
+            v.shrink_to_fit();
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_round_trip_within_f16_precision_and_exactly_in_f32() {
+        let src: Vec<f32> = (0..64).map(|i| (i as f32 - 20.0) * 0.37).collect();
+        for dtype in [KvDtype::F32, KvDtype::F16] {
+            let mut r = KvRows::zeros(dtype, 128);
+            r.write_f32(32, &src);
+            assert_eq!(r.len(), 128);
+            assert_eq!(r.size_bytes(), 128 * dtype.size_bytes());
+            let back = r.to_f32(32..96);
+            for (a, b) in src.iter().zip(&back) {
+                let tol = if dtype == KvDtype::F32 {
+                    0.0
+                } else {
+                    a.abs() * 2f32.powi(-11)
+                };
+                assert!((a - b).abs() <= tol, "{dtype}: {a} → {b}");
+            }
+            assert!(r.to_f32(0..32).iter().all(|&x| x == 0.0));
+            r.copy_within(32..40, 0);
+            assert_eq!(r.to_f32(0..8), back[..8]);
+            let mut p = KvRows::empty(dtype);
+            p.extend_from(&r, 32..96);
+            assert_eq!(p.to_f32(0..64), back);
+            p.truncate(10);
+            assert_eq!(p.len(), 10);
+        }
+        assert_eq!("F16".parse::<KvDtype>().unwrap(), KvDtype::F16);
+        assert!("bf16".parse::<KvDtype>().is_err());
+    }
+}
