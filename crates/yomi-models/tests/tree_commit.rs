@@ -70,6 +70,10 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     max_abs_diff(a, b)
 }
 
+fn max_abs(a: &[f32]) -> f32 {
+    a.iter().fold(0.0f32, |m, x| m.max(x.abs()))
+}
+
 fn check(m: &Model, c: &Case, kv: KvDtype) -> Result<(), TestCaseError> {
     assert_eq!(m.cfg.vocab_size, VOCAB as usize);
     let tree = TreeBatch::from_parents(&c.parents).expect("valid tree");
@@ -103,9 +107,17 @@ fn check(m: &Model, c: &Case, kv: KvDtype) -> Result<(), TestCaseError> {
             (LayerState::Attention(x), LayerState::Attention(y)) => {
                 prop_assert_eq!(x.k.dtype(), kv);
                 let rows = |r: &yomi_models::KvRows| r.to_f32(0..n * stride);
-                let ek = max_diff(&rows(&x.k), &rows(&y.k));
-                let ev = max_diff(&rows(&x.v), &rows(&y.v));
-                prop_assert!(ek <= 1e-6 && ev <= 1e-6, "layer {li}: K {ek:e}, V {ev:e}");
+                let (xk, yk, xv, yv) = (rows(&x.k), rows(&y.k), rows(&x.v), rows(&y.v));
+                let ek = max_diff(&xk, &yk);
+                let ev = max_diff(&xv, &yv);
+                // f32: the rows agree to 1e-6 (the GDN layers below them agree to ~1e-6). f16:
+                // such a difference may round a value to the neighbouring f16, so one f16 step
+                // (2^-10 relative, at most) is allowed on top.
+                let tol = match kv {
+                    KvDtype::F32 => 1e-6,
+                    KvDtype::F16 => 1e-6 + max_abs(&xk).max(max_abs(&xv)) * 2f32.powi(-10),
+                };
+                prop_assert!(ek <= tol && ev <= tol, "layer {li}: K {ek:e}, V {ev:e}");
             }
             (LayerState::Gdn(x), LayerState::Gdn(y)) => {
                 let ec = max_diff(&x.conv, &y.conv);
@@ -126,7 +138,15 @@ fn check(m: &Model, c: &Case, kv: KvDtype) -> Result<(), TestCaseError> {
     m.forward(&mut b, &[c.next], &one, LogitRows::Last, &mut lb)
         .expect("next pass");
     let e = max_diff(&la, &lb);
-    prop_assert!(e <= 1e-5, "next-pass logits differ by {e:e}");
+    // f32: 1e-5 (a few ulp of logits of magnitude ~10, from the ~1e-6 state differences). f16:
+    // those differences may also round a K/V value of the next pass to a neighbouring f16
+    // (2^-11 ≈ 5e-4 relative), measured up to ~1.2e-5 in the logits over 300 cases; 1e-3 bounds
+    // it with room.
+    let tol = match kv {
+        KvDtype::F32 => 1e-5,
+        KvDtype::F16 => 1e-3,
+    };
+    prop_assert!(e <= tol, "next-pass logits differ by {e:e}");
     Ok(())
 }
 
