@@ -20,10 +20,11 @@ pub struct ModelArgs {
     /// Kernel threads (default: one per core).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
-    /// Element type of the CPU attention (K/V) cache: f32 keeps the cached values exact; f16
-    /// halves the cache's memory (32k tokens of SmolLM2-135M: 1.5 GB → 0.75 GB), rounding each
-    /// value to 11 significant bits. The GPU keeps its own.
-    #[arg(long, default_value = "f32", value_name = "TYPE", value_parser = ["f32", "f16"])]
+    /// Element type of the CPU attention (K/V) cache: f16 halves its memory (32k tokens of
+    /// SmolLM2-135M: 1.5 GB → 0.75 GB) and the bytes each generated token reads from it (at
+    /// 3000 tokens of context SmolLM2 decodes ~20% faster than with f32), rounding each cached
+    /// value to 11 significant bits; f32 keeps the values exact. The GPU keeps its own.
+    #[arg(long, default_value = "f16", value_name = "TYPE", value_parser = ["f16", "f32"])]
     pub kv_cache: String,
     /// Where to run: cpu, cuda or auto (the best available that can run the model).
     #[arg(long, default_value = "auto", value_name = "DEVICE", value_parser = ["cpu", "cuda", "auto"])]

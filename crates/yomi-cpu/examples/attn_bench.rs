@@ -1,6 +1,7 @@
 //! Tree attention time per call at SmolLM2-135M shapes (9 query / 3 KV heads of 64) for a
 //! chain of T rows over a committed context, on each instruction set of this CPU.
 //! Usage: cargo run --release -p yomi-cpu --example attn_bench -- [CONTEXT] [T…]
+//! The cache is head-major, as in the model states (`ATTN_LAYOUT=row`: row-major).
 //! (`ATTN_ISA=Avx512` runs one instruction set only; `ATTN_KV=f16` an f16 cache;
 //! `ATTN_LAYERS=30` cycles over 30 layers' caches, as a model pass does, so that a long
 //! context's K/V comes from memory rather than from the caches.)
@@ -8,7 +9,7 @@
 use half::f16;
 use std::time::Instant;
 use yomi_core::TreeBatch;
-use yomi_cpu::attention::{AttnIsa, AttnShape, KvElem, attention_tree_with};
+use yomi_cpu::attention::{AttnIsa, AttnShape, KvElem, KvLayout, attention_tree_with};
 
 fn main() {
     match std::env::var("ATTN_KV").as_deref() {
@@ -30,15 +31,17 @@ fn bench<E: KvElem>() {
         head_dim: 64,
     };
     let pool = rayon::ThreadPoolBuilder::new().build().expect("pool");
+    let row_major = std::env::var("ATTN_LAYOUT").as_deref() == Ok("row");
     let layers: usize = std::env::var("ATTN_LAYERS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1)
         .max(1);
     println!(
-        "threads: {}, context {ctx}, {layers} layer(s), {} cache",
+        "threads: {}, context {ctx}, {layers} layer(s), {} cache, {}",
         pool.current_num_threads(),
-        std::any::type_name::<E>()
+        std::any::type_name::<E>(),
+        if row_major { "row-major" } else { "head-major" }
     );
     println!("| isa | T | µs per call (median of 200) | µs per row |");
     println!("|---|---|---|---|");
@@ -74,7 +77,12 @@ fn bench<E: KvElem>() {
                 for i in 0..200 {
                     let (k, v) = (&k[i % layers], &v[i % layers]);
                     let t0 = Instant::now();
-                    attention_tree_with(isa, &q, k, v, ctx, &tree, shape, 0.125, &mut out);
+                    let layout = if row_major {
+                        KvLayout::RowMajor
+                    } else {
+                        KvLayout::HeadMajor { capacity: cap }
+                    };
+                    attention_tree_with(isa, &q, k, v, layout, ctx, &tree, shape, 0.125, &mut out);
                     times.push(t0.elapsed().as_secs_f64() * 1e6);
                 }
             });

@@ -28,7 +28,7 @@ use common::{Rng, dev, poisoned, time_ms};
 use cudarc::driver::CudaSlice;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use yomi_core::TreeBatch;
-use yomi_cpu::attention::{AttnShape, attention_tree as cpu_attention};
+use yomi_cpu::attention::{AttnShape, KvLayout, attention_tree as cpu_attention};
 use yomi_cpu::conv::conv1d_tree as cpu_conv;
 use yomi_cuda::{AttnDims, AttnScratch, CudaDevice, ancestor_bits};
 
@@ -120,7 +120,17 @@ fn run_attention(
     let t = tree.len();
     let row = dims.n_kv * dims.head_dim;
     let mut want = vec![0.0; q.len()];
-    cpu_attention(q, k, v, committed, tree, cpu_shape(dims), scale, &mut want);
+    cpu_attention(
+        q,
+        k,
+        v,
+        KvLayout::RowMajor,
+        committed,
+        tree,
+        cpu_shape(dims),
+        scale,
+        &mut want,
+    );
     // Rows past the live ones are NaN on the device: reading one would show in the output.
     let live = (committed + t) * row;
     let poison_tail = |x: &[f32]| {
@@ -310,6 +320,7 @@ fn attention_graph_replay_follows_the_device_committed_length() {
             &q,
             &k,
             &v,
+            KvLayout::RowMajor,
             committed,
             &tree,
             cpu_shape(dims),

@@ -16,7 +16,8 @@ pub struct EngineOptions {
     pub context_size: Option<usize>,
     /// Kernel threads (default: one per core).
     pub threads: Option<usize>,
-    /// Element type of the CPU attention caches (default f32, exact; f16 halves their memory).
+    /// Element type of the CPU attention caches (default f16: half the memory and, past a few
+    /// hundred tokens of context, faster decoding; f32 keeps the cached values exact).
     pub kv_cache: Option<KvDtype>,
 }
 
@@ -93,7 +94,7 @@ impl Engine {
         let pool = pb.build().context("cannot start the kernel thread pool")?;
         let mut model = model;
         model.pack_for_cpu();
-        model.kv_dtype = opts.kv_cache.unwrap_or(KvDtype::F32);
+        model.kv_dtype = opts.kv_cache.unwrap_or(KvDtype::F16);
         Ok(Engine {
             model,
             tokenizer,

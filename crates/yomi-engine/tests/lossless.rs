@@ -170,14 +170,18 @@ fn suffix_drafting_is_lossless_on_qwen35_tiny() {
     suffix_is_lossless(engine(shared_fixture("qwen35-tiny"), 1024), "qwen35-tiny");
 }
 
-/// With an f16 K/V cache too: tree rows and plain rows round and widen the same values.
+/// With the exact f32 K/V cache too (the default, f16, is what the tests above use).
 #[test]
-fn suffix_drafting_is_lossless_with_an_f16_kv_cache() {
-    let e = engine_kv(shared_fixture("qwen35-tiny"), 1024, Some(KvDtype::F16));
-    assert_eq!(e.model.kv_dtype, KvDtype::F16);
-    suffix_is_lossless(e, "qwen35-tiny, f16 K/V");
-    let e = engine_kv(test_data("llama-tiny"), 1024, Some(KvDtype::F16));
-    suffix_is_lossless(e, "llama-tiny, f16 K/V");
+fn suffix_drafting_is_lossless_with_an_f32_kv_cache() {
+    assert_eq!(
+        engine(test_data("llama-tiny"), 64).model.kv_dtype,
+        KvDtype::F16
+    );
+    let e = engine_kv(shared_fixture("qwen35-tiny"), 1024, Some(KvDtype::F32));
+    assert_eq!(e.model.kv_dtype, KvDtype::F32);
+    suffix_is_lossless(e, "qwen35-tiny, f32 K/V");
+    let e = engine_kv(test_data("llama-tiny"), 1024, Some(KvDtype::F32));
+    suffix_is_lossless(e, "llama-tiny, f32 K/V");
 }
 
 #[test]

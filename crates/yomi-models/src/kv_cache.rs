@@ -133,11 +133,13 @@ impl KvRows {
         }
     }
 
-    /// Overwrites values `range` with the same values of `other` (same element type).
-    pub fn copy_from(&mut self, other: &KvRows, range: Range<usize>) {
+    /// Overwrites the values from offset `dst` with values `src` of `other` (same element
+    /// type).
+    pub fn copy_from(&mut self, dst: usize, other: &KvRows, src: Range<usize>) {
+        let n = src.len();
         match (self, other) {
-            (KvRows::F32(a), KvRows::F32(b)) => a[range.clone()].copy_from_slice(&b[range]),
-            (KvRows::F16(a), KvRows::F16(b)) => a[range.clone()].copy_from_slice(&b[range]),
+            (KvRows::F32(a), KvRows::F32(b)) => a[dst..dst + n].copy_from_slice(&b[src]),
+            (KvRows::F16(a), KvRows::F16(b)) => a[dst..dst + n].copy_from_slice(&b[src]),
             _ => panic!("K/V rows of different element types"),
         }
     }

@@ -13,11 +13,80 @@ use yomi_core::TreeBatch;
 
 use crate::config::{LayerKind, ModelConfig};
 use crate::kv_cache::{KvDtype, KvRows};
+use yomi_cpu::attention::KvLayout;
 
+/// One attention layer's K/V cache: [n_kv, capacity, hd] each (head-major, so that the task of
+/// one KV head streams one contiguous region; see `KvLayout`), of the state's element type.
 pub struct AttnCache {
-    /// [capacity, n_kv, hd], both of the state's K/V element type.
     pub k: KvRows,
     pub v: KvRows,
+    pub n_kv: usize,
+    pub head_dim: usize,
+    pub capacity: usize,
+}
+
+impl AttnCache {
+    fn new(dtype: KvDtype, n_kv: usize, head_dim: usize, capacity: usize) -> Self {
+        let n = n_kv * capacity * head_dim;
+        AttnCache {
+            k: KvRows::zeros(dtype, n),
+            v: KvRows::zeros(dtype, n),
+            n_kv,
+            head_dim,
+            capacity,
+        }
+    }
+
+    /// The layout the attention kernels read.
+    pub fn layout(&self) -> KvLayout {
+        KvLayout::HeadMajor {
+            capacity: self.capacity,
+        }
+    }
+
+    /// Offset of row `row` of KV head `head`.
+    pub fn at(&self, head: usize, row: usize) -> usize {
+        (head * self.capacity + row) * self.head_dim
+    }
+
+    /// Stores rows `row..row + t` from `k`, `v` ([t, n_kv, hd], as projected).
+    pub fn write_rows(&mut self, row: usize, k: &[f32], v: &[f32]) {
+        let hd = self.head_dim;
+        for (i, (kr, vr)) in k.chunks_exact(hd).zip(v.chunks_exact(hd)).enumerate() {
+            let at = self.at(i % self.n_kv, row + i / self.n_kv);
+            self.k.write_f32(at, kr);
+            self.v.write_f32(at, vr);
+        }
+    }
+
+    /// Copies row `src` over row `dst`, in every head.
+    pub fn copy_row(&mut self, src: usize, dst: usize) {
+        let hd = self.head_dim;
+        for h in 0..self.n_kv {
+            let (s, d) = (self.at(h, src), self.at(h, dst));
+            self.k.copy_within(s..s + hd, d);
+            self.v.copy_within(s..s + hd, d);
+        }
+    }
+
+    /// Rows `rows` of K and of V as f32 [rows, n_kv, hd] (for checks and tests).
+    pub fn rows_f32(&self, rows: std::ops::Range<usize>) -> (Vec<f32>, Vec<f32>) {
+        let hd = self.head_dim;
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        for r in rows {
+            for h in 0..self.n_kv {
+                let at = self.at(h, r);
+                k.extend(self.k.to_f32(at..at + hd));
+                v.extend(self.v.to_f32(at..at + hd));
+            }
+        }
+        (k, v)
+    }
+
+    /// Bytes of one row (K and V, every head).
+    fn row_bytes(&self) -> usize {
+        2 * self.n_kv * self.head_dim * self.k.dtype().size_bytes()
+    }
 }
 
 pub struct GdnState {
@@ -75,14 +144,15 @@ impl RecurrentSnapshot {
     }
 }
 
-/// Committed attention K/V rows of a prefix, per attention layer ([rows, n_kv, hd] each), as
-/// copied out of a [`State`]. Attention K/V is prefix-shareable: the first n rows serve any
+/// Committed attention K/V rows of a prefix, per attention layer and KV head ([rows, hd]
+/// each), as copied out of a [`State`]. Attention K/V is prefix-shareable: the first n rows serve any
 /// sequence that starts with the same n tokens.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct KvPrefix {
     rows: usize,
-    k: Vec<KvRows>,
-    v: Vec<KvRows>,
+    /// [attention layer][KV head].
+    k: Vec<Vec<KvRows>>,
+    v: Vec<Vec<KvRows>>,
 }
 
 impl KvPrefix {
@@ -93,7 +163,17 @@ impl KvPrefix {
 
     /// Heap bytes held.
     pub fn size_bytes(&self) -> usize {
-        self.k.iter().chain(&self.v).map(KvRows::size_bytes).sum()
+        self.k
+            .iter()
+            .chain(&self.v)
+            .flatten()
+            .map(KvRows::size_bytes)
+            .sum()
+    }
+
+    /// The element type of the rows held (None when empty of layers).
+    fn dtype(&self) -> Option<KvDtype> {
+        self.k.first().and_then(|l| l.first()).map(KvRows::dtype)
     }
 
     /// Drops rows past `rows`.
@@ -101,10 +181,10 @@ impl KvPrefix {
         if rows >= self.rows {
             return;
         }
-        for (k, v) in self.k.iter_mut().zip(&mut self.v) {
-            let stride = k.len() / self.rows.max(1);
-            k.truncate(rows * stride);
-            v.truncate(rows * stride);
+        for (k, v) in self.k.iter_mut().flatten().zip(self.v.iter_mut().flatten()) {
+            let hd = k.len() / self.rows.max(1);
+            k.truncate(rows * hd);
+            v.truncate(rows * hd);
         }
         self.rows = rows;
     }
@@ -135,13 +215,12 @@ impl State {
             .layer_kinds
             .iter()
             .map(|k| match k {
-                LayerKind::Attention => {
-                    let n = capacity * cfg.num_kv_heads * cfg.head_dim;
-                    LayerState::Attention(AttnCache {
-                        k: KvRows::zeros(kv, n),
-                        v: KvRows::zeros(kv, n),
-                    })
-                }
+                LayerKind::Attention => LayerState::Attention(AttnCache::new(
+                    kv,
+                    cfg.num_kv_heads,
+                    cfg.head_dim,
+                    capacity,
+                )),
                 LayerKind::GatedDeltaNet => {
                     let g = cfg
                         .gdn
@@ -226,7 +305,7 @@ impl State {
         self.layers
             .iter()
             .map(|l| match l {
-                LayerState::Attention(c) => 2 * c.k.size_bytes() / self.capacity.max(1),
+                LayerState::Attention(c) => c.row_bytes(),
                 LayerState::Gdn(_) => 0,
             })
             .sum()
@@ -274,24 +353,29 @@ impl State {
             .filter(|l| matches!(l, LayerState::Attention(_)))
             .count();
         let dtype = self.kv_dtype();
-        if kv.k.len() != n_attn || kv.k.first().is_some_and(|k| k.dtype() != dtype) {
+        let caches = || {
+            self.layers.iter().filter_map(|l| match l {
+                LayerState::Attention(c) => Some(c),
+                LayerState::Gdn(_) => None,
+            })
+        };
+        if kv.k.len() != n_attn || kv.dtype().is_some_and(|d| d != dtype) {
             assert_eq!(kv.rows, 0, "a K/V prefix from another model");
-            kv.k = vec![KvRows::empty(dtype); n_attn];
-            kv.v = vec![KvRows::empty(dtype); n_attn];
+            kv.k = caches()
+                .map(|c| vec![KvRows::empty(dtype); c.n_kv])
+                .collect();
+            kv.v = kv.k.clone();
         }
         if to <= kv.rows {
             return;
         }
         let from = kv.rows;
-        let caches = self.layers.iter().filter_map(|l| match l {
-            LayerState::Attention(c) => Some(c),
-            LayerState::Gdn(_) => None,
-        });
-        for ((c, k), v) in caches.zip(&mut kv.k).zip(&mut kv.v) {
-            let stride = c.k.len() / self.capacity;
-            // Exact sizes (`extend_from` reserves exactly): callers account for the bytes held.
-            k.extend_from(&c.k, from * stride..to * stride);
-            v.extend_from(&c.v, from * stride..to * stride);
+        for ((c, k), v) in caches().zip(&mut kv.k).zip(&mut kv.v) {
+            for (h, (k, v)) in k.iter_mut().zip(v).enumerate() {
+                // Exact sizes (`extend_from` reserves exactly): callers account for the bytes.
+                k.extend_from(&c.k, c.at(h, from)..c.at(h, to));
+                v.extend_from(&c.v, c.at(h, from)..c.at(h, to));
+            }
         }
         kv.rows = to;
     }
@@ -353,7 +437,7 @@ impl State {
             .iter()
             .filter(|l| matches!(l, LayerState::Attention(_)))
             .count();
-        if keep < n && n_attn > 0 && kv.k.first().is_some_and(|k| k.dtype() != self.kv_dtype()) {
+        if keep < n && n_attn > 0 && kv.dtype().is_some_and(|d| d != self.kv_dtype()) {
             anyhow::bail!("the K/V prefix was cached with another K/V element type");
         }
         if keep < n && n_attn > 0 && (kv.rows < n || kv.k.len() != n_attn) {
@@ -363,16 +447,18 @@ impl State {
                 kv.k.len()
             );
         }
-        let capacity = self.capacity;
         let mut ai = 0;
         let mut off = 0;
         for l in &mut self.layers {
             match l {
                 LayerState::Attention(c) => {
                     if keep < n {
-                        let stride = c.k.len() / capacity;
-                        c.k.copy_from(&kv.k[ai], keep * stride..n * stride);
-                        c.v.copy_from(&kv.v[ai], keep * stride..n * stride);
+                        let hd = c.head_dim;
+                        for h in 0..c.n_kv {
+                            let at = c.at(h, keep);
+                            c.k.copy_from(at, &kv.k[ai][h], keep * hd..n * hd);
+                            c.v.copy_from(at, &kv.v[ai][h], keep * hd..n * hd);
+                        }
                     }
                     ai += 1;
                 }

@@ -1,8 +1,8 @@
 //! Attention over the KV cache with the tree mask (DESIGN §3, §4).
 //!
-//! Shapes: q [T, n_heads, hd] (normed and rotated), the layer's caches k, v [cap, n_kv, hd]
-//! holding `committed` rows followed by this pass's T pending rows (row i at committed + i),
-//! out [T, n_heads, hd]. Row i attends to every committed row and to the pending rows j that
+//! Shapes: q [T, n_heads, hd] (normed and rotated), the layer's caches k, v holding
+//! `committed` rows followed by this pass's T pending rows (row i at committed + i), laid out
+//! [cap, n_kv, hd] or [n_kv, cap, hd] ([`KvLayout`]), out [T, n_heads, hd]. Row i attends to every committed row and to the pending rows j that
 //! are its ancestors-or-self in the tree. Query head h reads KV head
 //! h / (n_heads / n_kv) (GQA). Scores are q·k · scale; softmax in f32 with the max subtracted.
 //!
@@ -21,6 +21,19 @@ mod kv_elem;
 pub mod lanes;
 
 pub use kv_elem::KvElem;
+
+/// How a layer's K (or V) cache is laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvLayout {
+    /// [rows, n_kv, hd]: a cache row holds every KV head of one position.
+    RowMajor,
+    /// [n_kv, capacity, hd]: each KV head's rows are contiguous, so a task (one KV head)
+    /// streams one contiguous region. The model states use it: from memory, one-row attention
+    /// over 3000 keys took ~300 µs row-major (a task reads 1 of every `n_kv` row slices, a
+    /// stride the hardware prefetchers follow poorly) and ~150 µs (f32) / ~100 µs (f16)
+    /// head-major (`ATTN_LAYERS=30 attn_bench 3000 1`).
+    HeadMajor { capacity: usize },
+}
 
 #[derive(Clone, Copy, Debug)]
 pub struct AttnShape {
@@ -43,10 +56,10 @@ pub(crate) struct Keys<'a, E> {
     path: &'a [usize],
 }
 
-/// Committed rows ahead of the one being read that the kernels prefetch. A task reads one KV
-/// head's slice of each cache row (a strided stream: `hd` elements every `n_kv · hd`), which
-/// the hardware prefetchers follow poorly: at T = 1 over a long context the kernels waited on
-/// memory at 4–11 GB/s (`ATTN_LAYERS=30 attn_bench 3000 1`).
+/// Committed rows ahead of the one being read that the kernels prefetch. In the row-major
+/// layout a task reads one KV head's slice of each cache row (`hd` elements every `n_kv · hd`),
+/// which the hardware prefetchers follow poorly: at T = 1 over a long context the kernels
+/// waited on memory at 4–11 GB/s without it (`ATTN_LAYERS=30 attn_bench 3000 1`).
 pub(crate) const PREFETCH_ROWS: usize = 16;
 
 impl<E: KvElem> Keys<'_, E> {
@@ -312,6 +325,7 @@ pub fn attention_tree<E: KvElem>(
     q: &[f32],
     k_cache: &[E],
     v_cache: &[E],
+    layout: KvLayout,
     committed: usize,
     tree: &TreeBatch,
     shape: AttnShape,
@@ -323,6 +337,7 @@ pub fn attention_tree<E: KvElem>(
         q,
         k_cache,
         v_cache,
+        layout,
         committed,
         tree,
         shape,
@@ -338,6 +353,7 @@ pub fn attention_tree_with<E: KvElem>(
     q: &[f32],
     k_cache: &[E],
     v_cache: &[E],
+    layout: KvLayout,
     committed: usize,
     tree: &TreeBatch,
     shape: AttnShape,
@@ -345,7 +361,9 @@ pub fn attention_tree_with<E: KvElem>(
     out: &mut [f32],
 ) {
     assert!(isa.is_supported(), "attention: this CPU lacks {isa:?}");
-    let args = (q, k_cache, v_cache, committed, tree, shape, scale, out);
+    let args = (
+        q, k_cache, v_cache, layout, committed, tree, shape, scale, out,
+    );
     match isa {
         AttnIsa::Portable => run::<Portable, E>(args),
         #[cfg(target_arch = "x86_64")]
@@ -361,6 +379,7 @@ type Args<'a, E> = (
     &'a [f32],
     &'a [E],
     &'a [E],
+    KvLayout,
     usize,
     &'a TreeBatch,
     AttnShape,
@@ -397,7 +416,9 @@ fn rows_per_task(n_kv: usize, per_kv: usize, group: usize, threads: usize) -> us
 /// in parallel. A task reads each block of committed keys and values once from L2 for all its
 /// query rows; each query row then adds its own path. The per-row arithmetic is that of
 /// [`lanes`] whatever the grouping, so the grouping may follow T and the thread count freely.
-fn run<L: Lanes, E: KvElem>((q, k_cache, v_cache, committed, tree, shape, scale, out): Args<E>) {
+fn run<L: Lanes, E: KvElem>(
+    (q, k_cache, v_cache, layout, committed, tree, shape, scale, out): Args<E>,
+) {
     let AttnShape {
         n_heads,
         n_kv,
@@ -405,10 +426,21 @@ fn run<L: Lanes, E: KvElem>((q, k_cache, v_cache, committed, tree, shape, scale,
     } = shape;
     let t = tree.len();
     let group = n_heads / n_kv;
-    let stride = n_kv * hd;
+    // Elements between consecutive rows of one KV head, and between the heads' first rows.
+    let (stride, head_step) = match layout {
+        KvLayout::RowMajor => (n_kv * hd, hd),
+        KvLayout::HeadMajor { capacity } => {
+            assert!(
+                committed + t <= capacity,
+                "attention: the rows exceed the capacity"
+            );
+            (hd, capacity * hd)
+        }
+    };
+    let needed = (n_kv - 1) * head_step + (committed + t - 1) * stride + hd;
     assert_eq!(q.len(), t * n_heads * hd);
     assert_eq!(out.len(), t * n_heads * hd);
-    assert!(k_cache.len() >= (committed + t) * stride && v_cache.len() >= (committed + t) * stride);
+    assert!(k_cache.len() >= needed && v_cache.len() >= needed);
     if t == 0 {
         return;
     }
@@ -453,7 +485,7 @@ fn run<L: Lanes, E: KvElem>((q, k_cache, v_cache, committed, tree, shape, scale,
                 Keys {
                     cache,
                     stride,
-                    off: kvh * hd,
+                    off: kvh * head_step,
                     hd,
                     committed,
                     path: &paths[j * t..j * t + tree.depth(i) as usize + 1],
@@ -624,7 +656,18 @@ mod tests {
             attention_reference(&q, &k, &v, committed, &tree, shape, scale, &mut want);
             for isa in isas() {
                 let mut got = vec![0.0; q.len()];
-                attention_tree_with(isa, &q, &k, &v, committed, &tree, shape, scale, &mut got);
+                attention_tree_with(
+                    isa,
+                    &q,
+                    &k,
+                    &v,
+                    KvLayout::RowMajor,
+                    committed,
+                    &tree,
+                    shape,
+                    scale,
+                    &mut got,
+                );
                 // f32 sums of ≤ 316 terms of |p·v| ≤ 1 against f64: a few ulp of the output.
                 let err = got
                     .iter()
@@ -668,6 +711,7 @@ mod tests {
                     &q,
                     &k32,
                     &v32,
+                    KvLayout::RowMajor,
                     committed,
                     &tree,
                     shape,
@@ -680,6 +724,7 @@ mod tests {
                     &q,
                     &k16,
                     &v16,
+                    KvLayout::RowMajor,
                     committed,
                     &tree,
                     shape,
@@ -694,6 +739,54 @@ mod tests {
                     .fold(0.0f32, f32::max);
                 assert!(err < 1e-5, "{isa:?} hd {hd}: max abs err {err}");
             }
+        }
+    }
+
+    /// The head-major layout gives bit for bit the row-major result (the same rows, only
+    /// placed differently), on every instruction set, for f32 and f16, with spare capacity
+    /// past the rows.
+    #[test]
+    fn head_major_cache_is_bitwise_the_row_major_one() {
+        fn check<E: KvElem>(isa: AttnIsa, to: fn(f32) -> E) {
+            let tree = TreeBatch::from_parents(&[-1, 0, 0, 1, 2, 4]).unwrap();
+            let t = tree.len();
+            for (n_heads, n_kv, hd, committed) in
+                [(9, 3, 64, 300), (16, 4, 256, 37), (4, 2, 40, 70)]
+            {
+                let shape = AttnShape {
+                    n_heads,
+                    n_kv,
+                    head_dim: hd,
+                };
+                let (rows, capacity) = (committed + t, committed + t + 9);
+                let row_major =
+                    |seed| -> Vec<E> { rand(rows * n_kv * hd, seed).into_iter().map(to).collect() };
+                let (k, v) = (row_major(41), row_major(42));
+                let head_major = |x: &[E]| {
+                    let mut h = vec![E::default(); n_kv * capacity * hd];
+                    for r in 0..rows {
+                        for kvh in 0..n_kv {
+                            h[(kvh * capacity + r) * hd..][..hd]
+                                .copy_from_slice(&x[(r * n_kv + kvh) * hd..][..hd]);
+                        }
+                    }
+                    h
+                };
+                let (kh, vh) = (head_major(&k), head_major(&v));
+                let q = rand(t * n_heads * hd, 43);
+                let scale = 1.0 / (hd as f32).sqrt();
+                let (mut a, mut b) = (vec![0.0; q.len()], vec![0.0; q.len()]);
+                let (rm, hm) = (KvLayout::RowMajor, KvLayout::HeadMajor { capacity });
+                attention_tree_with(isa, &q, &k, &v, rm, committed, &tree, shape, scale, &mut a);
+                attention_tree_with(
+                    isa, &q, &kh, &vh, hm, committed, &tree, shape, scale, &mut b,
+                );
+                assert_eq!(bits(&a), bits(&b), "{isa:?} hd {hd}");
+            }
+        }
+        for isa in isas() {
+            check::<f32>(isa, |x| x);
+            check::<half::f16>(isa, half::f16::from_f32);
         }
     }
 
@@ -726,6 +819,7 @@ mod tests {
                     &q,
                     &k,
                     &v,
+                    KvLayout::RowMajor,
                     committed,
                     &tree,
                     shape,
@@ -751,6 +845,7 @@ mod tests {
                         qi,
                         &k2,
                         &v2,
+                        KvLayout::RowMajor,
                         c2,
                         &TreeBatch::chain(1),
                         shape,

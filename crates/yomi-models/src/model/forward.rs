@@ -366,9 +366,8 @@ impl Model {
             self.rope
                 .apply(&mut kb[i * nkv * hd..(i + 1) * nkv * hd], hd, cs);
         }
-        let stride = nkv * hd;
-        cache.k.write_f32(committed * stride, kb);
-        cache.v.write_f32(committed * stride, vb);
+        cache.write_rows(committed, kb, vb);
+        let layout = cache.layout();
         let o = sized(o, t * nh * hd);
         let shape = AttnShape {
             n_heads: nh,
@@ -378,10 +377,10 @@ impl Model {
         let scale = 1.0 / (hd as f32).sqrt();
         match (&cache.k, &cache.v) {
             (KvRows::F32(k), KvRows::F32(v)) => {
-                attention_tree(q, k, v, committed, tree, shape, scale, o)
+                attention_tree(q, k, v, layout, committed, tree, shape, scale, o)
             }
             (KvRows::F16(k), KvRows::F16(v)) => {
-                attention_tree(q, k, v, committed, tree, shape, scale, o)
+                attention_tree(q, k, v, layout, committed, tree, shape, scale, o)
             }
             _ => unreachable!("State::new makes K and V caches of one element type"),
         }
@@ -494,18 +493,10 @@ impl Model {
         for ls in st.layers.iter_mut() {
             match ls {
                 LayerState::Attention(cache) => {
-                    let stride = cfg.num_kv_heads * cfg.head_dim;
                     for (k, &a) in accepted.iter().enumerate() {
                         if a != k {
                             // Sources increase and a ≥ k, so in-place copying never clobbers a later source.
-                            cache.k.copy_within(
-                                (p + a) * stride..(p + a + 1) * stride,
-                                (p + k) * stride,
-                            );
-                            cache.v.copy_within(
-                                (p + a) * stride..(p + a + 1) * stride,
-                                (p + k) * stride,
-                            );
+                            cache.copy_row(p + a, p + k);
                         }
                     }
                 }

@@ -74,8 +74,9 @@ pub struct Model {
     pub accel: Option<std::sync::Arc<dyn crate::accel::Accelerator>>,
     /// The host copies of the matrices were dropped ([`Model::release_host_matrices`]).
     pub host_matrices_released: bool,
-    /// Element type of the CPU attention caches of new states (f32 by default: exact; f16
-    /// halves their memory). Device states keep their own.
+    /// Element type of the CPU attention caches of new states (f32 here: exact, for the
+    /// fixture tests; the engine chooses f16 unless told otherwise). Device states keep their
+    /// own.
     pub kv_dtype: crate::KvDtype,
 }
 
