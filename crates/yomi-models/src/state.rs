@@ -145,8 +145,8 @@ impl RecurrentSnapshot {
 }
 
 /// Committed attention K/V rows of a prefix, per attention layer and KV head ([rows, hd]
-/// each), as copied out of a [`State`]. Attention K/V is prefix-shareable: the first n rows serve any
-/// sequence that starts with the same n tokens.
+/// each), as copied out of a [`State`]. Attention K/V is prefix-shareable: the first n rows
+/// serve any sequence that starts with the same n tokens.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct KvPrefix {
     rows: usize,
@@ -440,7 +440,16 @@ impl State {
         if keep < n && n_attn > 0 && kv.dtype().is_some_and(|d| d != self.kv_dtype()) {
             anyhow::bail!("the K/V prefix was cached with another K/V element type");
         }
-        if keep < n && n_attn > 0 && (kv.rows < n || kv.k.len() != n_attn) {
+        let heads_match = self
+            .layers
+            .iter()
+            .filter_map(|l| match l {
+                LayerState::Attention(c) => Some(c.n_kv),
+                LayerState::Gdn(_) => None,
+            })
+            .zip(&kv.k)
+            .all(|(n_kv, heads)| heads.len() == n_kv);
+        if keep < n && n_attn > 0 && (kv.rows < n || kv.k.len() != n_attn || !heads_match) {
             anyhow::bail!(
                 "the K/V prefix holds {} rows of {} layers; {n} rows of {n_attn} are needed",
                 kv.rows,

@@ -2,8 +2,9 @@
 //!
 //! Shapes: q [T, n_heads, hd] (normed and rotated), the layer's caches k, v holding
 //! `committed` rows followed by this pass's T pending rows (row i at committed + i), laid out
-//! [cap, n_kv, hd] or [n_kv, cap, hd] ([`KvLayout`]), out [T, n_heads, hd]. Row i attends to every committed row and to the pending rows j that
-//! are its ancestors-or-self in the tree. Query head h reads KV head
+//! [cap, n_kv, hd] or [n_kv, cap, hd] ([`KvLayout`]), out [T, n_heads, hd]. Row i attends to
+//! every committed row and to the pending rows j that are its ancestors-or-self in the tree.
+//! Query head h reads KV head
 //! h / (n_heads / n_kv) (GQA). Scores are q·k · scale; softmax in f32 with the max subtracted.
 //!
 //! Every row's output is computed in the fixed order of [`lanes`] over its visible keys
@@ -29,8 +30,8 @@ pub enum KvLayout {
     RowMajor,
     /// [n_kv, capacity, hd]: each KV head's rows are contiguous, so a task (one KV head)
     /// streams one contiguous region. The model states use it: from memory, one-row attention
-    /// over 3000 keys took ~300 µs row-major (a task reads 1 of every `n_kv` row slices, a
-    /// stride the hardware prefetchers follow poorly) and ~150 µs (f32) / ~100 µs (f16)
+    /// over 3000 keys took ~270 µs row-major (a task reads 1 of every `n_kv` row slices, a
+    /// stride the hardware prefetchers follow poorly) and ~180 µs (f32) / ~100 µs (f16)
     /// head-major (`ATTN_LAYERS=30 attn_bench 3000 1`).
     HeadMajor { capacity: usize },
 }
@@ -46,9 +47,10 @@ pub struct AttnShape {
 /// `0..committed`, then the row's tree path (pending rows, root first).
 pub(crate) struct Keys<'a, E> {
     cache: &'a [E],
-    /// Floats per cache row (`n_kv · hd`).
+    /// Elements from one row of this KV head to the next (`n_kv · hd` row-major, `hd`
+    /// head-major).
     stride: usize,
-    /// This KV head's offset in a cache row.
+    /// Offset of this KV head's row 0.
     off: usize,
     hd: usize,
     committed: usize,

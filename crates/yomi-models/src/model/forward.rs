@@ -6,14 +6,13 @@ use yomi_core::{TopRows, TreeBatch};
 
 use yomi_cpu::activation::{sigmoid, softplus, swiglu};
 use yomi_cpu::attention::{AttnShape, attention_tree};
-
-use crate::KvRows;
 use yomi_cpu::conv::conv1d_tree;
 use yomi_cpu::gdn::{GdnRows, GdnShape, gdn_commit_replay, gdn_tree_forward};
 use yomi_cpu::linear::{linear, linear_many};
 use yomi_cpu::norm::{l2_norm_inplace, rms_norm, rms_norm_gated_inplace, rms_norm_inplace};
 
 use super::weights::{AttnWeights, GdnWeights, Mixer, Model};
+use crate::KvRows;
 use crate::accel::{AccelState, Accelerator};
 use crate::state::{AttnCache, GdnState, LayerState, State};
 
