@@ -614,6 +614,33 @@ mod tests {
         v.iter().map(|x| x.to_bits()).collect()
     }
 
+    fn max_err(a: &[f32], b: &[f32]) -> f32 {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max)
+    }
+
+    /// [`attention_tree_with`] over row-major caches, into a fresh output.
+    #[allow(clippy::too_many_arguments)]
+    fn row_major<E: KvElem>(
+        isa: AttnIsa,
+        q: &[f32],
+        k: &[E],
+        v: &[E],
+        committed: usize,
+        tree: &TreeBatch,
+        shape: AttnShape,
+        scale: f32,
+    ) -> Vec<f32> {
+        let mut out = vec![0.0; q.len()];
+        let layout = KvLayout::RowMajor;
+        attention_tree_with(
+            isa, q, k, v, layout, committed, tree, shape, scale, &mut out,
+        );
+        out
+    }
+
     fn isas() -> Vec<AttnIsa> {
         let v: Vec<AttnIsa> = AttnIsa::ALL
             .into_iter()
@@ -657,25 +684,9 @@ mod tests {
             let mut want = vec![0.0; q.len()];
             attention_reference(&q, &k, &v, committed, &tree, shape, scale, &mut want);
             for isa in isas() {
-                let mut got = vec![0.0; q.len()];
-                attention_tree_with(
-                    isa,
-                    &q,
-                    &k,
-                    &v,
-                    KvLayout::RowMajor,
-                    committed,
-                    &tree,
-                    shape,
-                    scale,
-                    &mut got,
-                );
+                let got = row_major(isa, &q, &k, &v, committed, &tree, shape, scale);
                 // f32 sums of ≤ 316 terms of |p·v| ≤ 1 against f64: a few ulp of the output.
-                let err = got
-                    .iter()
-                    .zip(&want)
-                    .map(|(x, y)| (x - y).abs())
-                    .fold(0.0f32, f32::max);
+                let err = max_err(&got, &want);
                 assert!(err < 1e-5, "{isa:?} hd {hd}: max abs err {err}");
             }
         }
@@ -707,38 +718,10 @@ mod tests {
             let mut want = vec![0.0; q.len()];
             attention_reference(&q, &k32, &v32, committed, &tree, shape, scale, &mut want);
             for isa in isas() {
-                let mut from32 = vec![0.0; q.len()];
-                attention_tree_with(
-                    isa,
-                    &q,
-                    &k32,
-                    &v32,
-                    KvLayout::RowMajor,
-                    committed,
-                    &tree,
-                    shape,
-                    scale,
-                    &mut from32,
-                );
-                let mut from16 = vec![0.0; q.len()];
-                attention_tree_with(
-                    isa,
-                    &q,
-                    &k16,
-                    &v16,
-                    KvLayout::RowMajor,
-                    committed,
-                    &tree,
-                    shape,
-                    scale,
-                    &mut from16,
-                );
+                let from32 = row_major(isa, &q, &k32, &v32, committed, &tree, shape, scale);
+                let from16 = row_major(isa, &q, &k16, &v16, committed, &tree, shape, scale);
                 assert_eq!(bits(&from16), bits(&from32), "{isa:?} hd {hd}");
-                let err = from16
-                    .iter()
-                    .zip(&want)
-                    .map(|(x, y)| (x - y).abs())
-                    .fold(0.0f32, f32::max);
+                let err = max_err(&from16, &want);
                 assert!(err < 1e-5, "{isa:?} hd {hd}: max abs err {err}");
             }
         }
