@@ -195,10 +195,15 @@ pub fn linear(x: &[f32], t: usize, w: &Matrix, bias: Option<&[f32]>, out: &mut [
         });
     }
     if let Some(b) = bias {
-        for row in out.chunks_mut(n_out) {
-            for (o, bb) in row.iter_mut().zip(b) {
-                *o += bb;
-            }
+        add_bias(out, n_out, b);
+    }
+}
+
+/// `out[t][r] += bias[r]` for every row t of `out` ([T, n_out]).
+fn add_bias(out: &mut [f32], n_out: usize, bias: &[f32]) {
+    for row in out.chunks_mut(n_out) {
+        for (o, b) in row.iter_mut().zip(bias) {
+            *o += b;
         }
     }
 }
@@ -251,11 +256,7 @@ pub fn linear_many(
     quant::linear_packed_many_with(quant::Kernel::best(), x, t, &packed[..ws.len()], outs);
     for ((w, b), o) in ws.iter().zip(biases).zip(outs.iter_mut()) {
         if let Some(b) = b {
-            for row in o.chunks_mut(w.rows) {
-                for (v, bb) in row.iter_mut().zip(*b) {
-                    *v += bb;
-                }
-            }
+            add_bias(o, w.rows, b);
         }
     }
 }
