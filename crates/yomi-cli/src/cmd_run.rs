@@ -95,6 +95,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             "text": g.text,
             "finish_reason": g.finish_reason,
             "stats": g.stats,
+            "device": engine.device(),
         });
         println!("{obj}");
     } else {

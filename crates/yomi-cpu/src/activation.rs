@@ -29,13 +29,15 @@ pub fn swiglu_one(g: f32, u: f32) -> f32 {
 /// SwiGLU in place: gate[i] ← silu(gate[i]) · up[i].
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "swiglu: gate and up differ in length");
+    use crate::isa_cap::{IsaLevel, allows};
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx512f") {
+    if is_x86_feature_detected!("avx512f") && allows(IsaLevel::Avx512) {
         // SAFETY: the CPU has AVX-512 F (checked above).
         return unsafe { swiglu_avx512(gate, up) };
     }
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && allows(IsaLevel::Avx2)
+    {
         // SAFETY: the CPU has AVX2 and FMA (checked above).
         return unsafe { swiglu_avx2(gate, up) };
     }

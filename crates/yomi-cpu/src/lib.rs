@@ -7,6 +7,7 @@ pub mod attention;
 pub mod conv;
 pub mod exp;
 pub mod gdn;
+pub mod isa_cap;
 pub mod linear;
 pub mod norm;
 pub mod pool;

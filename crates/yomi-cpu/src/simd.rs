@@ -1,5 +1,6 @@
 //! Small SIMD building blocks with runtime dispatch: f32 dot products and bf16 → f32 rows.
-//! The AVX2+FMA paths are chosen once per process from CPU feature detection.
+//! The AVX2+FMA paths are chosen once per process from CPU feature detection (and
+//! [`crate::isa_cap`]).
 
 use std::sync::OnceLock;
 
@@ -8,7 +9,9 @@ fn has_avx2_fma() -> bool {
     *FLAG.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+            is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && crate::isa_cap::allows(crate::isa_cap::IsaLevel::Avx2)
         }
         #[cfg(not(target_arch = "x86_64"))]
         {

@@ -122,12 +122,13 @@ impl Engine {
     }
 
     /// Where the model's passes run, in words: the accelerator's description, or the CPU with
-    /// its kernel threads.
+    /// its kernels' instruction set (see `YOMI_CPU_ISA`), kernel threads and cache type.
     pub fn device(&self) -> String {
         match &self.model.accel {
             Some(a) => a.describe(),
             None => format!(
-                "cpu ({} threads, {} K/V cache)",
+                "cpu ({}, {} threads, {} K/V cache)",
+                yomi_cpu::quant::Kernel::best().describe(),
                 self.threads(),
                 self.model.kv_dtype
             ),

@@ -220,10 +220,9 @@ impl SuffixIndex {
         self.levels.iter().map(|l| l.n)
     }
 
-    /// Token at stream position `pos` (`None` for a document separator).
+    /// Token at stream position `pos` (`None` for a document separator or past the end).
     pub fn token(&self, pos: usize) -> Option<u32> {
-        let t = self.tokens[pos];
-        (t != SEP).then_some(t)
+        self.tokens.get(pos).copied().filter(|&t| t != SEP)
     }
 
     /// Appends one token to the current document.
@@ -1108,6 +1107,8 @@ mod tests {
         assert_eq!(ix.find(64, 16, &mut occ), 2);
         assert_eq!(occ, [1]);
         assert_eq!(ix.token(occ[0] as usize + 1), Some(6));
+        assert_eq!(ix.token(occ[0] as usize + 2), None, "separator");
+        assert_eq!(ix.token(ix.len()), None, "past the end");
         // [4 5 6] and its suffixes only occur at the end of a document: nothing follows there.
         ix.push(6);
         assert_eq!(ix.find(64, 16, &mut occ), 0);

@@ -11,6 +11,7 @@
 //! (committed rows, then its path): the bits do not depend on T, on the other rows of the tree
 //! or on the instruction set, so a verified tree row equals the plain decode of its path.
 
+use crate::isa_cap::{self, IsaLevel};
 use std::cell::RefCell;
 use yomi_core::TreeBatch;
 
@@ -288,13 +289,22 @@ impl AttnIsa {
         }
     }
 
-    /// The fastest supported (cached).
+    /// The level [`crate::isa_cap`] knows this one by.
+    pub fn level(self) -> IsaLevel {
+        match self {
+            AttnIsa::Portable => IsaLevel::Portable,
+            AttnIsa::Avx2Fma => IsaLevel::Avx2,
+            AttnIsa::Avx512 => IsaLevel::Avx512,
+        }
+    }
+
+    /// The fastest supported under the [`crate::isa_cap`] ceiling (cached).
     pub fn best() -> AttnIsa {
         static BEST: std::sync::OnceLock<AttnIsa> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
             [AttnIsa::Avx512, AttnIsa::Avx2Fma]
                 .into_iter()
-                .find(|i| i.is_supported())
+                .find(|i| i.is_supported() && isa_cap::allows(i.level()))
                 .unwrap_or(AttnIsa::Portable)
         })
     }

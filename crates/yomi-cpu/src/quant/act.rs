@@ -475,12 +475,13 @@ impl Act256 for BlockQ8Kx2 {
 /// pair kinds); `false` elsewhere.
 #[cfg(target_arch = "x86_64")]
 fn quantize_pairs_fast<P: super::act_x86::PairOut>(x: &[f32], cols: usize, out: &mut [P]) -> bool {
-    if super::act_x86::available() {
+    use crate::isa_cap::{IsaLevel, allows};
+    if super::act_x86::available() && allows(IsaLevel::Avx512) {
         // SAFETY: the CPU has AVX-512 F (checked above).
         unsafe { super::act_x86::quantize_pairs(x, cols, out) };
         return true;
     }
-    if super::act_x86::available_avx2() {
+    if super::act_x86::available_avx2() && allows(IsaLevel::Avx2) {
         // SAFETY: the CPU has AVX2 (checked above).
         unsafe { super::act_x86::quantize_pairs_avx2(x, cols, out) };
         return true;

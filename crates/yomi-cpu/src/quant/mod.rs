@@ -54,6 +54,8 @@ mod tests;
 pub mod x86;
 
 use std::fmt;
+
+use crate::isa_cap::{self, IsaLevel};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -289,20 +291,32 @@ impl Isa {
         f[self as usize]
     }
 
-    /// The best supported instruction set, chosen once per process.
+    /// The level [`crate::isa_cap`] knows this one by.
+    pub fn level(self) -> IsaLevel {
+        match self {
+            Isa::Scalar => IsaLevel::Portable,
+            Isa::Avx2 => IsaLevel::Avx2,
+            Isa::AvxVnni => IsaLevel::AvxVnni,
+            Isa::Avx512Vnni => IsaLevel::Avx512,
+        }
+    }
+
+    /// The best supported instruction set under the [`crate::isa_cap`] ceiling, chosen once per
+    /// process.
     pub fn detect() -> Isa {
         static BEST: OnceLock<Isa> = OnceLock::new();
         *BEST.get_or_init(|| {
             [Isa::Avx512Vnni, Isa::AvxVnni, Isa::Avx2]
                 .into_iter()
-                .find(|i| i.is_supported())
+                .find(|i| i.is_supported() && isa_cap::allows(i.level()))
                 .unwrap_or(Isa::Scalar)
         })
     }
 }
 
+/// AVX2 for the helpers outside the kernels (the activation quantizer), under the ceiling.
 pub(crate) fn has_avx2() -> bool {
-    Isa::Avx2.is_supported()
+    Isa::Avx2.is_supported() && isa_cap::allows(IsaLevel::Avx2)
 }
 
 /// How activations are quantized for the integer dot products (see [`act`]).
@@ -506,6 +520,13 @@ impl Kernel {
 
     pub fn isa(self) -> Isa {
         self.isa
+    }
+
+    /// The kernels in words, by the [`crate::isa_cap`] level names: `avx512`, `avx-vnni`,
+    /// `avx2` or `portable`, with `+amx` where the AMX tiles take the larger passes.
+    pub fn describe(self) -> String {
+        let amx = if self.amx { "+amx" } else { "" };
+        format!("{}{amx}", self.isa.level())
     }
 
     pub fn precision(self) -> Precision {
