@@ -10,7 +10,12 @@
 //! and how far the recording actually copies the matched occurrence); `REPLAY_CFG=decay=0.9,…`
 //! overrides drafter settings, for tuning on recordings rather than on noisy timings.
 //!
-//! cargo run --release -p yomi-spec --example replay -- [--r 0.25] [--budget 16] FILE...
+//! `--costs 1,1.01,1.1,…` charges a pass of T rows the T-th value instead (pass times relative
+//! to a one-row pass, as `verify_cost` prints them; past the list's end its last step
+//! continues), while the drafter is still told `--r`, as the engine tells it its linear fit.
+//!
+//! cargo run --release -p yomi-spec --example replay -- [--r 0.25] [--budget 16] [--costs LIST]
+//! FILE...
 
 use std::process::ExitCode;
 
@@ -24,9 +29,31 @@ struct Replay {
     cost: f64,
 }
 
-fn replay(prompt: &[u32], output: &[u32], r: f32, budget: usize) -> Replay {
+/// How passes are charged (the drafter is told `r`).
+struct Costs {
+    r: f32,
+    /// Pass time by rows (index T − 1), relative to one row; empty: 1 + r · drafts.
+    curve: Vec<f32>,
+}
+
+impl Costs {
+    fn pass(&self, drafts: usize) -> f64 {
+        let c = &self.curve;
+        if c.is_empty() {
+            return 1.0 + self.r as f64 * drafts as f64;
+        }
+        let last = c.len() - 1;
+        if drafts <= last {
+            return c[drafts] as f64;
+        }
+        let step = if last > 0 { c[last] - c[last - 1] } else { 0.0 };
+        (c[last] + step * (drafts - last) as f32) as f64
+    }
+}
+
+fn replay(prompt: &[u32], output: &[u32], costs: &Costs, budget: usize) -> Replay {
     let mut d = SuffixDrafter::new(config());
-    d.set_row_cost(r);
+    d.set_row_cost(costs.r);
     let mut context: Vec<u32> = prompt.to_vec();
     context.push(output[0]);
     let mut draft = DraftTree::new();
@@ -83,7 +110,7 @@ fn replay(prompt: &[u32], output: &[u32], r: f32, budget: usize) -> Replay {
         debug_assert_eq!(bonus, output[i + a + 1]);
         passes += 1;
         drafted += draft.num_drafts();
-        cost += 1.0 + r as f64 * draft.num_drafts() as f64;
+        cost += costs.pass(draft.num_drafts());
         context.extend_from_slice(&output[i + 1..=i + a + 1]);
         i += a + 1;
     }
@@ -135,16 +162,33 @@ fn ids(line: &str) -> Result<Vec<u32>, String> {
 fn main() -> ExitCode {
     let mut r = 0.25f32;
     let mut budget = 16usize;
+    let mut curve = Vec::new();
     let mut files = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--r" => r = args.next().and_then(|v| v.parse().ok()).unwrap_or(r),
             "--budget" => budget = args.next().and_then(|v| v.parse().ok()).unwrap_or(budget),
+            "--costs" => {
+                let list = args.next().unwrap_or_default();
+                match list.split(',').map(|v| v.trim().parse::<f32>()).collect() {
+                    Ok(c) => curve = c,
+                    Err(e) => {
+                        eprintln!("--costs {list:?}: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            }
             _ => files.push(a),
         }
     }
-    println!("| file | tokens | tokens/pass | drafted/pass | predicted speed-up at r = {r} |");
+    let costs = Costs { r, curve };
+    let model = if costs.curve.is_empty() {
+        format!("r = {r}")
+    } else {
+        format!("the cost curve, drafter told r = {r}")
+    };
+    println!("| file | tokens | tokens/pass | drafted/pass | predicted speed-up at {model} |");
     println!("|---|---|---|---|---|");
     for f in files {
         let text = match std::fs::read_to_string(&f) {
@@ -162,7 +206,7 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let s = replay(&prompt, &output, r, budget);
+        let s = replay(&prompt, &output, &costs, budget);
         println!(
             "| {f} | {} | {:.2} | {:.2} | {:.2}x |",
             s.tokens,
