@@ -503,14 +503,33 @@ fn run<L: Lanes, E: KvElem>(
                     path: &paths[j * t..j * t + tree.depth(i) as usize + 1],
                 }
             };
+            // The keys every row of the task sees at the same place: the committed ones and,
+            // in a chain (a prompt chunk), also the pending rows before the task's first tree
+            // row, which sit in cache order right after them (row i's path is rows 0..=i).
+            // They go through the shared block kernels; a key's score and a value's term are
+            // the same bits whichever kernel takes them, so only the speed changes. (Prompt
+            // chunks of 256 rows spent a fifth of the prefill on paths scored key by key.)
+            let shared_len = if tree.is_chain() {
+                committed + query(0).0 + 1
+            } else {
+                committed
+            };
+            let shared_keys = |cache| Keys {
+                cache,
+                stride,
+                off: kvh * head_step,
+                hd,
+                committed: shared_len,
+                path: &[],
+            };
             let qv = |j: usize| {
                 let (i, h) = query(j);
                 &q[(i * n_heads + h) * hd..][..hd]
             };
             // Scores: committed blocks shared (whole 16-key groups), then each row's tail and
             // path.
-            let blocks = committed / lanes::LANES * lanes::LANES;
-            let shared = keys_of(k_cache, 0);
+            let blocks = shared_len / lanes::LANES * lanes::LANES;
+            let shared = shared_keys(k_cache);
             let qs: [&[f32]; MAX_QUERIES] = std::array::from_fn(|j| qv(j.min(n_q - 1)));
             for k0 in (0..blocks).step_by(SCORE_BLOCK) {
                 let k1 = (k0 + SCORE_BLOCK).min(blocks);
@@ -530,16 +549,16 @@ fn run<L: Lanes, E: KvElem>(
                 let s = &mut scores[j * width..j * width + n];
                 *inv = 1.0 / L::exp_sum(s, L::max_of(s));
             }
-            let shared = keys_of(v_cache, 0);
-            for k0 in (0..committed).step_by(VALUE_BLOCK) {
-                let k1 = (k0 + VALUE_BLOCK).min(committed);
+            let shared = shared_keys(v_cache);
+            for k0 in (0..shared_len).step_by(VALUE_BLOCK) {
+                let k1 = (k0 + VALUE_BLOCK).min(shared_len);
                 L::weighted_rows(scores, width, &shared, k0, k1, acc);
             }
             for (j, &inv) in inv.iter().enumerate().take(n_q) {
                 let values = keys_of(v_cache, j);
                 let n = values.len();
                 let a = &mut acc[j * 2 * hd..(j + 1) * 2 * hd];
-                L::weighted_part(&scores[j * width..j * width + n], &values, committed, n, a);
+                L::weighted_part(&scores[j * width..j * width + n], &values, shared_len, n, a);
                 let (i, h) = query(j);
                 // SAFETY: (i, h) is this task's own query row (tasks split the (KV head, row)
                 // pairs without overlap), so these `hd` floats of `out` are written by this
@@ -678,8 +697,12 @@ mod tests {
         // 16-node tree over 300 committed rows (not a multiple of 16: block and tail keys);
         // hd = 40 exercises the masked last chunk.
         let parents = [-1, 0, 0, 1, 1, 2, 3, 3, 4, 5, 6, 7, 9, 12, 12, 11];
-        let tree = TreeBatch::from_parents(&parents).unwrap();
-        for (n_heads, n_kv, hd) in [(16, 4, 256), (9, 3, 64), (4, 2, 40)] {
+        let general = TreeBatch::from_parents(&parents).unwrap();
+        // A 50-row chain too: a prompt chunk, whose pending keys take the block kernels.
+        for (tree, (n_heads, n_kv, hd)) in [(16, 4, 256), (9, 3, 64), (4, 2, 40)]
+            .into_iter()
+            .flat_map(|s| [(general.clone(), s), (TreeBatch::chain(50), s)])
+        {
             let shape = AttnShape {
                 n_heads,
                 n_kv,
@@ -787,13 +810,21 @@ mod tests {
 
     /// Every row of a tree pass is bit for bit the one-row pass over its path laid out as
     /// committed rows (what plain decoding of that path computes), on every instruction set,
-    /// and the instruction sets agree bit for bit.
+    /// and the instruction sets agree bit for bit. Also for chains (prompt chunks), whose
+    /// tasks take the pending rows before their first row through the block kernels: 40 and
+    /// 70 rows span several 16-key blocks and tasks that start at later rows.
     #[test]
     fn tree_rows_are_bitwise_the_plain_pass_of_their_path() {
         let parents = [
             -1, 0, 1, 1, 0, 4, 5, 6, 6, 2, 9, 10, 11, 12, 3, 14, 15, 16, 17, 7,
         ];
-        let tree = TreeBatch::from_parents(&parents).unwrap();
+        let general = TreeBatch::from_parents(&parents).unwrap();
+        for tree in [general, TreeBatch::chain(40), TreeBatch::chain(70)] {
+            tree_rows_match_their_plain_passes(&tree);
+        }
+    }
+
+    fn tree_rows_match_their_plain_passes(tree: &TreeBatch) {
         let t = tree.len();
         let mut by_isa: Vec<Vec<u32>> = Vec::new();
         for (n_heads, n_kv, hd, committed) in [(9, 3, 64, 37), (16, 4, 256, 64), (4, 2, 40, 5)] {
@@ -816,7 +847,7 @@ mod tests {
                     &v,
                     KvLayout::RowMajor,
                     committed,
-                    &tree,
+                    tree,
                     shape,
                     scale,
                     &mut tree_out,
@@ -850,7 +881,8 @@ mod tests {
                     assert_eq!(
                         bits(&one),
                         bits(&tree_out[i * n_heads * hd..(i + 1) * n_heads * hd]),
-                        "{isa:?} hd {hd}: tree row {i} differs from its plain pass"
+                        "{isa:?} hd {hd}, {t} rows (chain: {}): row {i} differs from its plain pass",
+                        tree.is_chain()
                     );
                 }
                 by_isa.push(bits(&tree_out));
