@@ -136,12 +136,13 @@ fn check(m: &Model, c: &Case, kv: KvDtype) -> Result<(), TestCaseError> {
     m.forward(&mut b, &[c.next], &one, LogitRows::Last, &mut lb)
         .expect("next pass");
     let e = max_diff(&la, &lb);
-    // f32: 1e-5 (a few ulp of logits of magnitude ~10, from the ~1e-6 state differences). f16:
-    // those differences may also round a K/V value of the next pass to a neighbouring f16
-    // (2^-11 ≈ 5e-4 relative), measured up to ~1.2e-5 in the logits over 300 cases; 1e-3 bounds
-    // it with room.
+    // f32: 5e-5 (the GDN states may differ by up to 1e-5, checked above; with
+    // `PROPTEST_CASES=2000` the largest logit difference was 2.0e-5 over both models, ~20 ulp
+    // of logits of magnitude ~10). f16: those differences may also round a K/V value of the
+    // next pass to a neighbouring f16 (2^-11 ≈ 5e-4 relative), measured up to 1.5e-4 in the
+    // logits in the same run; 1e-3 bounds it with room.
     let tol = match kv {
-        KvDtype::F32 => 1e-5,
+        KvDtype::F32 => 5e-5,
         KvDtype::F16 => 1e-3,
     };
     prop_assert!(e <= tol, "next-pass logits differ by {e:e}");
@@ -149,7 +150,11 @@ fn check(m: &Model, c: &Case, kv: KvDtype) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+    // 12 cases per run in CI; `PROPTEST_CASES=N` runs N.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(12),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn tree_commit_equals_the_path_alone_qwen35(c in cases()) {
