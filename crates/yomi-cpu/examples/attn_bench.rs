@@ -1,7 +1,9 @@
 //! Tree attention time per call at SmolLM2-135M shapes (9 query / 3 KV heads of 64) for a
 //! chain of T rows over a committed context, on each instruction set of this CPU.
 //! Usage: cargo run --release -p yomi-cpu --example attn_bench -- [CONTEXT] [T…]
-//! The cache is head-major, as in the model states (`ATTN_LAYOUT=row`: row-major).
+//! The cache is laid out as in the model states, K in tiles and V head-major
+//! (`ATTN_LAYOUT=head`: both head-major, `row`: both row-major; those two build the key tiles
+//! in every call).
 //! (`ATTN_ISA=Avx512` runs one instruction set only; `ATTN_KV=f16` an f16 cache;
 //! `ATTN_LAYERS=30` cycles over 30 layers' caches, as a model pass does, so that a long
 //! context's K/V comes from memory rather than from the caches.)
@@ -9,7 +11,7 @@
 use half::f16;
 use std::time::Instant;
 use yomi_core::TreeBatch;
-use yomi_cpu::attention::{AttnIsa, AttnShape, KvElem, KvLayout, attention_tree_with};
+use yomi_cpu::attention::{AttnIsa, AttnShape, KEY_TILE, KvElem, KvLayout, attention_tree_with};
 
 fn main() {
     match std::env::var("ATTN_KV").as_deref() {
@@ -31,7 +33,7 @@ fn bench<E: KvElem>() {
         head_dim: 64,
     };
     let pool = rayon::ThreadPoolBuilder::new().build().expect("pool");
-    let row_major = std::env::var("ATTN_LAYOUT").as_deref() == Ok("row");
+    let layout_name = std::env::var("ATTN_LAYOUT").unwrap_or_else(|_| "tiles".into());
     let layers: usize = std::env::var("ATTN_LAYERS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -41,7 +43,7 @@ fn bench<E: KvElem>() {
         "threads: {}, context {ctx}, {layers} layer(s), {} cache, {}",
         pool.current_num_threads(),
         std::any::type_name::<E>(),
-        if row_major { "row-major" } else { "head-major" }
+        layout_name
     );
     println!("| isa | T | µs per call (median of 200) | µs per row |");
     println!("|---|---|---|---|");
@@ -53,9 +55,12 @@ fn bench<E: KvElem>() {
         for &t in &ts {
             let stride = shape.n_kv * shape.head_dim;
             let cap = ctx + t;
+            // Enough for the key tiles too (the values are synthetic either way).
+            let k_len =
+                (cap * stride).max(shape.n_kv * cap.div_ceil(KEY_TILE) * KEY_TILE * shape.head_dim);
             let k: Vec<Vec<E>> = (0..layers)
                 .map(|l| {
-                    (0..cap * stride)
+                    (0..k_len)
                         .map(|i| E::from_f32(((i * 7919 + l) % 1000) as f32 / 1000.0 - 0.5))
                         .collect()
                 })
@@ -77,10 +82,10 @@ fn bench<E: KvElem>() {
                 for i in 0..200 {
                     let (k, v) = (&k[i % layers], &v[i % layers]);
                     let t0 = Instant::now();
-                    let layout = if row_major {
-                        KvLayout::RowMajor
-                    } else {
-                        KvLayout::HeadMajor { capacity: cap }
+                    let layout = match layout_name.as_str() {
+                        "row" => KvLayout::RowMajor,
+                        "head" => KvLayout::HeadMajor { capacity: cap },
+                        _ => KvLayout::KeyTiles { capacity: cap },
                     };
                     attention_tree_with(isa, &q, k, v, layout, ctx, &tree, shape, 0.125, &mut out);
                     times.push(t0.elapsed().as_secs_f64() * 1e6);

@@ -144,6 +144,67 @@ impl KvRows {
         }
     }
 
+    /// Stores `src[i]` at value offset `at + i · stride` (rounded to the element type).
+    pub fn write_f32_strided(&mut self, at: usize, stride: usize, src: &[f32]) {
+        each!(self, v => {
+            for (i, &x) in src.iter().enumerate() {
+                v[at + i * stride] = KvElem::from_f32(x);
+            }
+        })
+    }
+
+    /// `n` values from offset `at`, `stride` apart, widened to f32 and appended to `out`.
+    pub fn read_f32_strided(&self, at: usize, stride: usize, n: usize, out: &mut Vec<f32>) {
+        each!(self, v => out.extend((0..n).map(|i| KvElem::to_f32(v[at + i * stride]))))
+    }
+
+    /// Copies `n` values from offset `src`, `stride` apart, to offset `dst`, the same stride.
+    pub fn copy_within_strided(&mut self, src: usize, dst: usize, stride: usize, n: usize) {
+        each!(self, v => {
+            for i in 0..n {
+                v[dst + i * stride] = v[src + i * stride];
+            }
+        })
+    }
+
+    /// Appends `n` values of `other` (same element type) from offset `at`, `stride` apart.
+    pub fn extend_from_strided(&mut self, other: &KvRows, at: usize, stride: usize, n: usize) {
+        match (self, other) {
+            (KvRows::F32(a), KvRows::F32(b)) => a.extend((0..n).map(|i| b[at + i * stride])),
+            (KvRows::F16(a), KvRows::F16(b)) => a.extend((0..n).map(|i| b[at + i * stride])),
+            _ => panic!("K/V rows of different element types"),
+        }
+    }
+
+    /// Overwrites the values at offsets `dst + i · stride` with values `src` of `other` (same
+    /// element type), in order.
+    pub fn copy_from_strided(
+        &mut self,
+        dst: usize,
+        stride: usize,
+        other: &KvRows,
+        src: Range<usize>,
+    ) {
+        match (self, other) {
+            (KvRows::F32(a), KvRows::F32(b)) => {
+                for (i, &x) in b[src].iter().enumerate() {
+                    a[dst + i * stride] = x;
+                }
+            }
+            (KvRows::F16(a), KvRows::F16(b)) => {
+                for (i, &x) in b[src].iter().enumerate() {
+                    a[dst + i * stride] = x;
+                }
+            }
+            _ => panic!("K/V rows of different element types"),
+        }
+    }
+
+    /// Room for `n` more values, exactly (no growth margin).
+    pub fn reserve_exact(&mut self, n: usize) {
+        each!(self, v => v.reserve_exact(n))
+    }
+
     /// Keeps the first `n` values and frees the rest.
     pub fn truncate(&mut self, n: usize) {
         each!(self, v => {
@@ -182,6 +243,24 @@ mod tests {
             assert_eq!(p.to_f32(0..64), back);
             p.truncate(10);
             assert_eq!(p.len(), 10);
+            // Strided: every fourth value.
+            let mut t = KvRows::zeros(dtype, 64);
+            t.write_f32_strided(1, 4, &back[..8]);
+            let mut got = Vec::new();
+            t.read_f32_strided(1, 4, 8, &mut got);
+            assert_eq!(got, back[..8]);
+            t.copy_within_strided(1, 2, 4, 8);
+            got.clear();
+            t.read_f32_strided(2, 4, 8, &mut got);
+            assert_eq!(got, back[..8]);
+            let mut u = KvRows::empty(dtype);
+            u.extend_from_strided(&t, 2, 4, 8);
+            assert_eq!(u.to_f32(0..8), back[..8]);
+            let mut w = KvRows::zeros(dtype, 64);
+            w.copy_from_strided(3, 8, &u, 0..8);
+            got.clear();
+            w.read_f32_strided(3, 8, 8, &mut got);
+            assert_eq!(got, back[..8]);
         }
         assert_eq!("F16".parse::<KvDtype>().unwrap(), KvDtype::F16);
         assert!("bf16".parse::<KvDtype>().is_err());

@@ -13,10 +13,12 @@ use yomi_core::TreeBatch;
 
 use crate::config::{LayerKind, ModelConfig};
 use crate::kv_cache::{KvDtype, KvRows};
-use yomi_cpu::attention::KvLayout;
+use yomi_cpu::attention::{KEY_TILE, KvLayout, key_offset};
 
-/// One attention layer's K/V cache: [n_kv, capacity, hd] each (head-major, so that the task of
-/// one KV head streams one contiguous region; see `KvLayout`), of the state's element type.
+/// One attention layer's K/V cache, of the state's element type: V head-major [n_kv, capacity,
+/// hd] (the task of one KV head streams one contiguous region), K in tiles of 16 rows,
+/// dimension-major [n_kv, capacity / 16, hd, 16] (the score kernels read 16 keys per register;
+/// see `KvLayout::KeyTiles`).
 pub struct AttnCache {
     pub k: KvRows,
     pub v: KvRows,
@@ -28,8 +30,9 @@ pub struct AttnCache {
 impl AttnCache {
     fn new(dtype: KvDtype, n_kv: usize, head_dim: usize, capacity: usize) -> Self {
         let n = n_kv * capacity * head_dim;
+        let n_k = n_kv * capacity.div_ceil(KEY_TILE) * KEY_TILE * head_dim;
         AttnCache {
-            k: KvRows::zeros(dtype, n),
+            k: KvRows::zeros(dtype, n_k),
             v: KvRows::zeros(dtype, n),
             n_kv,
             head_dim,
@@ -39,23 +42,29 @@ impl AttnCache {
 
     /// The layout the attention kernels read.
     pub fn layout(&self) -> KvLayout {
-        KvLayout::HeadMajor {
+        KvLayout::KeyTiles {
             capacity: self.capacity,
         }
     }
 
-    /// Offset of row `row` of KV head `head`.
-    pub fn at(&self, head: usize, row: usize) -> usize {
+    /// Offset of row `row` of KV head `head` in V (its `hd` values follow).
+    pub fn v_at(&self, head: usize, row: usize) -> usize {
         (head * self.capacity + row) * self.head_dim
+    }
+
+    /// Offset of value 0 of row `row` of KV head `head` in K (value d is `d · KEY_TILE` on).
+    pub fn k_at(&self, head: usize, row: usize) -> usize {
+        let per_head = self.capacity.div_ceil(KEY_TILE) * KEY_TILE * self.head_dim;
+        head * per_head + key_offset(self.head_dim, row)
     }
 
     /// Stores rows `row..row + t` from `k`, `v` ([t, n_kv, hd], as projected).
     pub fn write_rows(&mut self, row: usize, k: &[f32], v: &[f32]) {
         let hd = self.head_dim;
         for (i, (kr, vr)) in k.chunks_exact(hd).zip(v.chunks_exact(hd)).enumerate() {
-            let at = self.at(i % self.n_kv, row + i / self.n_kv);
-            self.k.write_f32(at, kr);
-            self.v.write_f32(at, vr);
+            let (h, r) = (i % self.n_kv, row + i / self.n_kv);
+            self.k.write_f32_strided(self.k_at(h, r), KEY_TILE, kr);
+            self.v.write_f32(self.v_at(h, r), vr);
         }
     }
 
@@ -63,8 +72,9 @@ impl AttnCache {
     pub fn copy_row(&mut self, src: usize, dst: usize) {
         let hd = self.head_dim;
         for h in 0..self.n_kv {
-            let (s, d) = (self.at(h, src), self.at(h, dst));
-            self.k.copy_within(s..s + hd, d);
+            let (s, d) = (self.k_at(h, src), self.k_at(h, dst));
+            self.k.copy_within_strided(s, d, KEY_TILE, hd);
+            let (s, d) = (self.v_at(h, src), self.v_at(h, dst));
             self.v.copy_within(s..s + hd, d);
         }
     }
@@ -75,8 +85,9 @@ impl AttnCache {
         let (mut k, mut v) = (Vec::new(), Vec::new());
         for r in rows {
             for h in 0..self.n_kv {
-                let at = self.at(h, r);
-                k.extend(self.k.to_f32(at..at + hd));
+                self.k
+                    .read_f32_strided(self.k_at(h, r), KEY_TILE, hd, &mut k);
+                let at = self.v_at(h, r);
                 v.extend(self.v.to_f32(at..at + hd));
             }
         }
@@ -373,8 +384,12 @@ impl State {
         for ((c, k), v) in caches().zip(&mut kv.k).zip(&mut kv.v) {
             for (h, (k, v)) in k.iter_mut().zip(v).enumerate() {
                 // Exact sizes (`extend_from` reserves exactly): callers account for the bytes.
-                k.extend_from(&c.k, c.at(h, from)..c.at(h, to));
-                v.extend_from(&c.v, c.at(h, from)..c.at(h, to));
+                // K row by row out of its tiles, so the prefix holds plain rows.
+                k.reserve_exact((to - from) * c.head_dim);
+                for r in from..to {
+                    k.extend_from_strided(&c.k, c.k_at(h, r), KEY_TILE, c.head_dim);
+                }
+                v.extend_from(&c.v, c.v_at(h, from)..c.v_at(h, to));
             }
         }
         kv.rows = to;
@@ -464,8 +479,16 @@ impl State {
                     if keep < n {
                         let hd = c.head_dim;
                         for h in 0..c.n_kv {
-                            let at = c.at(h, keep);
-                            c.k.copy_from(at, &kv.k[ai][h], keep * hd..n * hd);
+                            for r in keep..n {
+                                let at = c.k_at(h, r);
+                                c.k.copy_from_strided(
+                                    at,
+                                    KEY_TILE,
+                                    &kv.k[ai][h],
+                                    r * hd..(r + 1) * hd,
+                                );
+                            }
+                            let at = c.v_at(h, keep);
                             c.v.copy_from(at, &kv.v[ai][h], keep * hd..n * hd);
                         }
                     }

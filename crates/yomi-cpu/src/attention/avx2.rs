@@ -1,12 +1,12 @@
 //! AVX2 + FMA attention kernels: the reference order of [`super::lanes`] with each 16-lane
-//! vector held as two 256-bit halves (lanes 0..8 and 8..16), bit for bit.
+//! vector held as two 256-bit halves (lanes 0..8 and 8..16), bit for bit (scores are in
+//! [`super::tiles`]).
 //!
-//! The first step of the reference tree (`l + 8`) is the sum of the two halves; the rest is a
+//! The exp sum's reduction tree starts with the sum of the two halves (`l + 8`); the rest is a
 //! horizontal sum of 8 lanes in the same pairing (`l + 4`: 128-bit halves, `l + 2`, `l + 1`).
-//! Committed keys are scored four at a time and reduced together by a transpose-and-add tree
-//! ([`scores4`], when `hd` is a multiple of 16); values run in groups of 32 floats (4
-//! registers per parity, 8 independent FMA chains; [`weighted32`] when `hd` is a multiple of
-//! 32). Other head sizes take the general masked loops.
+//! Values run in groups of 32 floats (4 registers per parity, 8 independent FMA chains;
+//! [`weighted32`] when `hd` is a multiple of 32). Other head sizes take the general masked
+//! loops.
 //!
 //! Shapes: q is `hd` f32, every key/value row `hd` cache elements (f32, or f16 widened by
 //! F16C as it is loaded); any hd (partial halves are masked).
@@ -77,161 +77,6 @@ fn reduce(lo: __m256, hi: __m256) -> f32 {
     let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
     let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
     _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2)))
-}
-
-/// q · k in the reference order, before the scale.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn dot<E: KvElem>(q: &[f32], k: &[E]) -> f32 {
-    let mut lo = _mm256_mul_ps(load_half(q, 0, 0), load_half(k, 0, 0));
-    let mut hi = _mm256_mul_ps(load_half(q, 0, 1), load_half(k, 0, 1));
-    for c in 1..q.len().div_ceil(LANES) {
-        lo = _mm256_fmadd_ps(load_half(q, c, 0), load_half(k, c, 0), lo);
-        hi = _mm256_fmadd_ps(load_half(q, c, 1), load_half(k, c, 1), hi);
-    }
-    reduce(lo, hi)
-}
-
-/// `out[i·width + k] = (qs[i] · key(k)) · scale` for the committed keys `k0..k1` (multiples
-/// of 16): [`scores4`] when `hd` is a multiple of 16, else [`scores16`] row by row.
-///
-/// # Safety
-/// The CPU must have AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn scores_rows<E: KvElem>(
-    qs: &[&[f32]],
-    keys: &Keys<E>,
-    k0: usize,
-    k1: usize,
-    scale: f32,
-    width: usize,
-    out: &mut [f32],
-) {
-    let hd = keys.hd;
-    assert!(k0.is_multiple_of(LANES) && k1.is_multiple_of(LANES) && k0 <= k1);
-    assert!(k1 <= keys.committed && k1 <= width && qs.len() * width <= out.len());
-    if hd.is_multiple_of(LANES) && k1 > k0 {
-        assert!((k1 - 1) * keys.stride + keys.off + hd <= keys.cache.len());
-        assert!(qs.iter().all(|q| q.len() == hd));
-        let vscale = _mm_set1_ps(scale);
-        for (i, q) in qs.iter().enumerate() {
-            for k in (k0..k1).step_by(4) {
-                for j in 0..4 {
-                    keys.prefetch_ahead(k + j);
-                }
-                // SAFETY: keys k..k + 4 are committed rows of `hd` floats inside the cache
-                // (asserted for the last one); q is `hd` floats; out[i·width + k..][..4] is
-                // inside `out` (k + 4 ≤ k1 ≤ width).
-                unsafe {
-                    scores4(
-                        q.as_ptr(),
-                        keys.cache.as_ptr().add(k * keys.stride + keys.off),
-                        keys.stride,
-                        hd / LANES,
-                        vscale,
-                        out.as_mut_ptr().add(i * width + k),
-                    )
-                };
-            }
-        }
-        return;
-    }
-    for (i, q) in qs.iter().enumerate() {
-        for k in (k0..k1).step_by(LANES) {
-            // SAFETY: AVX2 and FMA (this function's contract).
-            unsafe { scores16(q, keys, k, scale, &mut out[i * width + k..]) };
-        }
-    }
-}
-
-/// `out[j] = (q · key_j) · scale` for the 4 keys at `k + j·stride` (hd = 16·`nc` floats each),
-/// each exactly [`dot`]'s chains and tree: the lane partials of the 4 keys (two 8-lane chains
-/// each, every q register loaded once for the 4 keys) are reduced together by a transpose-
-/// and-add tree whose stages add the same lanes as [`reduce`] (`l + 8`: the chains, `l + 4`:
-/// 128-bit halves, `l + 2`, `l + 1`), ~3.5 shuffles and adds per key instead of 7 on one
-/// key's latency chain.
-///
-/// # Safety
-/// AVX2, FMA and F16C; `q` and the 4 key rows readable for `16·nc` floats; `out` writable for 4.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn scores4<E: KvElem>(
-    q: *const f32,
-    k: *const E,
-    stride: usize,
-    nc: usize,
-    scale: __m128,
-    out: *mut f32,
-) {
-    // SAFETY (all loads and the store): the caller's contract.
-    unsafe {
-        let kp = [k, k.add(stride), k.add(2 * stride), k.add(3 * stride)];
-        let (ql, qh) = (_mm256_loadu_ps(q), _mm256_loadu_ps(q.add(8)));
-        let mut lo = [_mm256_setzero_ps(); 4];
-        let mut hi = [_mm256_setzero_ps(); 4];
-        for j in 0..4 {
-            lo[j] = _mm256_mul_ps(ql, load8(kp[j]));
-            hi[j] = _mm256_mul_ps(qh, load8(kp[j].add(8)));
-        }
-        for c in 1..nc {
-            let (ql, qh) = (
-                _mm256_loadu_ps(q.add(16 * c)),
-                _mm256_loadu_ps(q.add(16 * c + 8)),
-            );
-            for j in 0..4 {
-                lo[j] = _mm256_fmadd_ps(ql, load8(kp[j].add(16 * c)), lo[j]);
-                hi[j] = _mm256_fmadd_ps(qh, load8(kp[j].add(16 * c + 8)), hi[j]);
-            }
-        }
-        let s: [__m256; 4] = std::array::from_fn(|j| _mm256_add_ps(lo[j], hi[j]));
-        // l + 4: [key 0 | key 1] and [key 2 | key 3], 4 lanes each.
-        let half = |a: __m256, b: __m256| {
-            _mm256_add_ps(
-                _mm256_permute2f128_ps::<0x20>(a, b),
-                _mm256_permute2f128_ps::<0x31>(a, b),
-            )
-        };
-        let (t0, t1) = (half(s[0], s[1]), half(s[2], s[3]));
-        // l + 2: [k0 k0 k2 k2 | k1 k1 k3 k3].
-        let (a, b) = (_mm256_castps_pd(t0), _mm256_castps_pd(t1));
-        let u = _mm256_add_ps(
-            _mm256_castpd_ps(_mm256_unpacklo_pd(a, b)),
-            _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)),
-        );
-        // l + 1: [k0 k2 k0 k2 | k1 k3 k1 k3], then interleaved into key order.
-        let v = _mm256_add_ps(
-            _mm256_shuffle_ps::<0x88>(u, u),
-            _mm256_shuffle_ps::<0xDD>(u, u),
-        );
-        let r = _mm_unpacklo_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        _mm_storeu_ps(out, _mm_mul_ps(r, scale));
-    }
-}
-
-/// `out[j] = (q · key(k0 + j)) · scale` for j < 16.
-///
-/// # Safety
-/// The CPU must have AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn scores16<E: KvElem>(
-    q: &[f32],
-    keys: &Keys<E>,
-    k0: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    for (j, o) in out[..LANES].iter_mut().enumerate() {
-        *o = dot(q, keys.row(k0 + j)) * scale;
-    }
-}
-
-/// `(q · k) · scale`.
-///
-/// # Safety
-/// The CPU must have AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn score1<E: KvElem>(q: &[f32], k: &[E], scale: f32) -> f32 {
-    dot(q, k) * scale
 }
 
 /// The largest of `s` (−∞ when empty).

@@ -1,11 +1,6 @@
 //! AVX-512 attention kernels: the reference order of [`super::lanes`] with one 512-bit
-//! register per 16 lanes, bit for bit.
+//! register per 16 lanes, bit for bit (scores are in [`super::tiles`]).
 //!
-//! - [`scores_rows`]: 8 keys at once for up to three query rows, each key chunk loaded once
-//!   for all of them. Each key's 16 lane partials are one register (a chain of `hd / 16`
-//!   FMAs); the registers are reduced together by a transpose-and-add tree whose stages pair
-//!   the same lanes as [`super::lanes::reduce16`], and one permute restores key order: ~27
-//!   shuffles/adds per 8 keys instead of a horizontal sum per key.
 //! - [`exp_sum`]: the polynomial `exp` on 16 lanes, the sum in 16 lane accumulators.
 //! - [`weighted_part`]: `hd` in groups of 64 values (4 registers), even and odd keys in two
 //!   accumulator sets (8 independent FMA chains), continued from and stored back to memory so
@@ -57,29 +52,6 @@ fn load_chunk<E: KvElem>(row: &[E], c: usize) -> __m512 {
     let m = chunk_mask(row.len(), c);
     // SAFETY: the mask covers only lanes c·16 + l < row.len(); masked-off lanes are not read.
     unsafe { ld(m, row.as_ptr().add(c * LANES)) }
-}
-
-/// The 16 lane partials of q · k (reference order, before the tree).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-#[inline]
-fn partials<E: KvElem>(q: &[f32], k: &[E]) -> __m512 {
-    let mut p = _mm512_mul_ps(load_chunk(q, 0), load_chunk(k, 0));
-    for c in 1..q.len().div_ceil(LANES) {
-        p = _mm512_fmadd_ps(load_chunk(q, c), load_chunk(k, c), p);
-    }
-    p
-}
-
-/// `(q · k) · scale` of one key.
-///
-/// # Safety
-/// The CPU must have AVX-512 F, BW and VL.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub unsafe fn score1<E: KvElem>(q: &[f32], k: &[E], scale: f32) -> f32 {
-    let mut lanes = [0.0f32; LANES];
-    // SAFETY: `lanes` is 16 writable f32.
-    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), partials(q, k)) };
-    reduce16(&lanes) * scale
 }
 
 /// The largest of `s` (−∞ when empty).
@@ -334,139 +306,5 @@ unsafe fn weighted_group<const R: usize, E: KvElem>(
                 }
             }
         }
-    }
-}
-
-/// `out[i·width + k] = (qs[i] · key(k)) · scale` for the committed keys `k0..k1` (both
-/// multiples of 16). Rows go in threes over 8 keys at a time, each key chunk loaded once for
-/// the three rows; each key's score is the reference order's (see [`scores8_group`]).
-///
-/// # Safety
-/// The CPU must have AVX-512 F, DQ, BW and VL.
-#[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl")]
-pub unsafe fn scores_rows<E: KvElem>(
-    qs: &[&[f32]],
-    keys: &Keys<E>,
-    k0: usize,
-    k1: usize,
-    scale: f32,
-    width: usize,
-    out: &mut [f32],
-) {
-    let rows = qs.len();
-    assert!(k0.is_multiple_of(LANES) && k1.is_multiple_of(LANES) && k0 <= k1);
-    assert!(k1 <= keys.committed && k1 <= width && rows * width <= out.len());
-    if k1 == k0 {
-        return;
-    }
-    assert!((k1 - 1) * keys.stride + keys.off + keys.hd <= keys.cache.len());
-    assert!(qs.iter().all(|q| q.len() == keys.hd));
-    let mut i = 0;
-    while i < rows {
-        let n = (rows - i).min(3);
-        let out = &mut out[i * width..];
-        for k in (k0..k1).step_by(8) {
-            // SAFETY: AVX-512 F and DQ (this function's contract); keys k..k + 8 are committed
-            // rows inside the cache (asserted for the last one); `out` has `n` rows of `width`.
-            unsafe {
-                match n {
-                    3 => scores8_group::<3, E>(&qs[i..i + 3], keys, k, scale, width, k, out),
-                    2 => scores8_group::<2, E>(&qs[i..i + 2], keys, k, scale, width, k, out),
-                    _ => scores8_group::<1, E>(&qs[i..i + 1], keys, k, scale, width, k, out),
-                }
-            }
-        }
-        i += n;
-    }
-}
-
-/// Scores of keys `k0..k0 + 8` for exactly `R` query rows (R ≤ 3: 8·R partial registers),
-/// into `out[r·width + at..][..8]`. Each key's 16 lane partials (a chain of `hd / 16` FMAs)
-/// are reduced by a transpose-and-add tree whose stages pair the same lanes as
-/// [`super::lanes::reduce16`] (`l + 8`: 256-bit halves, `l + 4`: 128-bit quarters, `l + 2`:
-/// 64-bit pairs, `l + 1`: neighbours); one permute restores key order.
-///
-/// # Safety
-/// AVX-512 F and DQ; keys `k0..k0 + 8` committed and inside the cache; `qs[r].len() == hd`;
-/// `out` holds `R` rows of `width ≥ at + 8` (the last one may end there).
-#[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl")]
-#[inline]
-#[allow(clippy::needless_range_loop)] // r and j index several register arrays.
-#[allow(clippy::too_many_arguments)]
-unsafe fn scores8_group<const R: usize, E: KvElem>(
-    qs: &[&[f32]],
-    keys: &Keys<E>,
-    k0: usize,
-    scale: f32,
-    width: usize,
-    at: usize,
-    out: &mut [f32],
-) {
-    let (hd, stride) = (keys.hd, keys.stride);
-    for j in 0..8 {
-        keys.prefetch_ahead(k0 + j);
-    }
-    // SAFETY: the caller's contract: these 8 keys are committed rows inside the cache.
-    let base = unsafe { keys.cache.as_ptr().add(k0 * stride + keys.off) };
-    let key = |j: usize, c: usize, m: __mmask16| unsafe { ld(m, base.add(j * stride + c * LANES)) };
-    let mut p = [[_mm512_setzero_ps(); 8]; R];
-    let m0 = chunk_mask(hd, 0);
-    let mut q = [_mm512_setzero_ps(); R];
-    for r in 0..R {
-        q[r] = load_chunk(qs[r], 0);
-    }
-    for j in 0..8 {
-        let k = key(j, 0, m0);
-        for r in 0..R {
-            p[r][j] = _mm512_mul_ps(q[r], k);
-        }
-    }
-    for c in 1..hd.div_ceil(LANES) {
-        let m = chunk_mask(hd, c);
-        for r in 0..R {
-            q[r] = load_chunk(qs[r], c);
-        }
-        for j in 0..8 {
-            let k = key(j, c, m);
-            for r in 0..R {
-                p[r][j] = _mm512_fmadd_ps(q[r], k, p[r][j]);
-            }
-        }
-    }
-    let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    for r in 0..R {
-        let p = &p[r];
-        // l + 8: keys 2i, 2i+1 → lanes 0..8, 8..16 of w[i].
-        let mut w = [_mm512_setzero_ps(); 4];
-        for (i, v) in w.iter_mut().enumerate() {
-            let (a, b) = (p[2 * i], p[2 * i + 1]);
-            *v = _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0x44>(a, b),
-                _mm512_shuffle_f32x4::<0xEE>(a, b),
-            );
-        }
-        // l + 4: key 4i + j → 128-bit quarter j of x[i].
-        let mut x = [_mm512_setzero_ps(); 2];
-        for (i, v) in x.iter_mut().enumerate() {
-            let (a, b) = (w[2 * i], w[2 * i + 1]);
-            *v = _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0x88>(a, b),
-                _mm512_shuffle_f32x4::<0xDD>(a, b),
-            );
-        }
-        // l + 2: key j → lanes 0, 1 of quarter j; key 4 + j → lanes 2, 3.
-        let (a, b) = (_mm512_castps_pd(x[0]), _mm512_castps_pd(x[1]));
-        let y = _mm512_add_ps(
-            _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-            _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
-        );
-        // l + 1: key j → lane 4j, key 4 + j → lane 4j + 1 (the other lanes are copies).
-        let z = _mm512_add_ps(
-            _mm512_shuffle_ps::<0x88>(y, y),
-            _mm512_shuffle_ps::<0xDD>(y, y),
-        );
-        let s = _mm512_mul_ps(_mm512_permutexvar_ps(idx, z), _mm512_set1_ps(scale));
-        // SAFETY: row r of `out` has 8 floats at `at` (the caller's contract).
-        unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr().add(r * width + at), 0x00ff, s) };
     }
 }

@@ -5,9 +5,9 @@
 //! how many other rows share the pass, so every value below is a fixed function of the row's
 //! own inputs, in a fixed order:
 //!
-//! - **Score** of a query q and a key k (`hd` values): 16 lane partials, lane `l` a chain over
-//!   `d = l, l + 16, …` (`mul` for the first chunk, then `fma`; the lanes past `hd` in the last
-//!   chunk see zeros), reduced by the tree `l + 8`, `l + 4`, `l + 2`, `l + 1`; times `scale`.
+//! - **Score** of a query q and a key k (`hd` values): one chain `s ← fma(q[d], k[d], s)` over
+//!   `d = 0..hd` from +0, times `scale` (the kernels run it for 16 keys at once on the key
+//!   tiles of [`super::tiles`]).
 //! - **Weights**: `p = exp(s − max)` with [`crate::exp::exp`] (a degree-6 polynomial after a
 //!   Cody–Waite reduction, arguments clamped to [−87, 88]); their sum in 16 lane accumulators
 //!   (key index k into lane `k mod 16`, in order) reduced by the same tree.
@@ -44,20 +44,9 @@ pub fn reduce16(p: &[f32; LANES]) -> f32 {
 #[inline(always)]
 pub fn dot<E: KvElem>(q: &[f32], k: &[E]) -> f32 {
     debug_assert_eq!(q.len(), k.len());
-    let hd = q.len();
-    let mut p = [0.0f32; LANES];
-    for c in 0..hd.div_ceil(LANES) {
-        for (l, acc) in p.iter_mut().enumerate() {
-            let d = c * LANES + l;
-            let (a, b) = if d < hd {
-                (q[d], k[d].to_f32())
-            } else {
-                (0.0, 0.0)
-            };
-            *acc = if c == 0 { a * b } else { a.mul_add(b, *acc) };
-        }
-    }
-    reduce16(&p)
+    q.iter()
+        .zip(k)
+        .fold(0.0f32, |s, (&a, &b)| a.mul_add(b.to_f32(), s))
 }
 
 /// The largest of `s` (max is exact, so any order gives the same value).

@@ -2,7 +2,8 @@
 //!
 //! Shapes: q [T, n_heads, hd] (normed and rotated), the layer's caches k, v holding
 //! `committed` rows followed by this pass's T pending rows (row i at committed + i), laid out
-//! [cap, n_kv, hd] or [n_kv, cap, hd] ([`KvLayout`]), out [T, n_heads, hd]. Row i attends to
+//! as [`KvLayout`] says (the model states: K in key tiles, V [n_kv, cap, hd]), out
+//! [T, n_heads, hd]. Row i attends to
 //! every committed row and to the pending rows j that are its ancestors-or-self in the tree.
 //! Query head h reads KV head
 //! h / (n_heads / n_kv) (GQA). Scores are q·k · scale; softmax in f32 with the max subtracted.
@@ -21,20 +22,27 @@ mod avx2;
 mod avx512;
 mod kv_elem;
 pub mod lanes;
+pub mod tiles;
 
 pub use kv_elem::KvElem;
+pub use tiles::{KEY_TILE, key_offset, tiles_from_rows};
 
-/// How a layer's K (or V) cache is laid out.
+/// How a layer's K and V caches are laid out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvLayout {
     /// [rows, n_kv, hd]: a cache row holds every KV head of one position.
     RowMajor,
     /// [n_kv, capacity, hd]: each KV head's rows are contiguous, so a task (one KV head)
-    /// streams one contiguous region. The model states use it: from memory, one-row attention
-    /// over 3000 keys took ~270 µs row-major (a task reads 1 of every `n_kv` row slices, a
-    /// stride the hardware prefetchers follow poorly) and ~180 µs (f32) / ~100 µs (f16)
-    /// head-major (`ATTN_LAYERS=30 attn_bench 3000 1`).
+    /// streams one contiguous region: from memory, one-row attention over 3000 keys took
+    /// ~270 µs row-major (a task reads 1 of every `n_kv` row slices, a stride the hardware
+    /// prefetchers follow poorly) and ~180 µs (f32) / ~100 µs (f16) head-major
+    /// (`ATTN_LAYERS=30 attn_bench 3000 1`, before the key tiles).
     HeadMajor { capacity: usize },
+    /// The model states' layout: K in tiles of [`KEY_TILE`] rows, dimension-major
+    /// ([n_kv, capacity / 16, hd, 16], see [`tiles`]: the score kernels read 16 keys per
+    /// register and need no reduction), V head-major ([n_kv, capacity, hd]). With the other
+    /// two layouts each call first builds the key tiles it reads.
+    KeyTiles { capacity: usize },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -113,25 +121,23 @@ impl<E: KvElem> Keys<'_, E> {
 
 /// The attention arithmetic of one instruction set, in the order of [`lanes`].
 trait Lanes {
-    /// `(q · k) · scale`.
-    fn score1<E: KvElem>(q: &[f32], k: &[E], scale: f32) -> f32;
+    /// `out[i·width + 16t + l] = (qs[i] · key(16t + l)) · scale` for the key tiles `0..ntiles`
+    /// ([`tiles`]).
+    fn tile_scores<E: KvElem>(
+        qs: &[&[f32]],
+        tiles: &[E],
+        hd: usize,
+        ntiles: usize,
+        scale: f32,
+        width: usize,
+        out: &mut [f32],
+    );
     /// The largest of `s` (−∞ when empty; NaNs ignored where the instruction set can).
     fn max_of(s: &[f32]) -> f32;
     /// `s ← exp(s − max)`, returning the sum.
     fn exp_sum(s: &mut [f32], max: f32) -> f32;
     /// The output chains `acc` ([2, hd]) continued over values `k0..k1` ([`lanes::weighted_part`]).
     fn weighted_part<E: KvElem>(p: &[f32], values: &Keys<E>, k0: usize, k1: usize, acc: &mut [f32]);
-    /// `out[i·width + k] = (qs[i] · key(k)) · scale` for the committed keys `k0..k1`
-    /// (multiples of 16). Kernels may share key loads between rows.
-    fn scores_rows<E: KvElem>(
-        qs: &[&[f32]],
-        keys: &Keys<E>,
-        k0: usize,
-        k1: usize,
-        scale: f32,
-        width: usize,
-        out: &mut [f32],
-    );
     /// [`weighted_part`](Self::weighted_part) for several query rows over committed values
     /// `k0..k1` (`k0` even): row i's weights are `scores[i·width..]`, its chains
     /// `acc[i·2hd..(i + 1)·2hd]`. Kernels may share value loads between rows.
@@ -153,23 +159,16 @@ trait Lanes {
 struct Portable;
 
 impl Lanes for Portable {
-    fn scores_rows<E: KvElem>(
+    fn tile_scores<E: KvElem>(
         qs: &[&[f32]],
-        keys: &Keys<E>,
-        k0: usize,
-        k1: usize,
+        tiles: &[E],
+        hd: usize,
+        ntiles: usize,
         scale: f32,
         width: usize,
         out: &mut [f32],
     ) {
-        for (i, q) in qs.iter().enumerate() {
-            for k in k0..k1 {
-                out[i * width + k] = lanes::dot(q, keys.row(k)) * scale;
-            }
-        }
-    }
-    fn score1<E: KvElem>(q: &[f32], k: &[E], scale: f32) -> f32 {
-        lanes::dot(q, k) * scale
+        tiles::tile_scores_portable(qs, tiles, hd, ntiles, scale, width, out)
     }
     fn max_of(s: &[f32]) -> f32 {
         lanes::max_of(s)
@@ -199,21 +198,18 @@ struct Avx2Fma;
 /// `attention_tree_with` for an `AttnIsa` that `AttnIsa::is_supported` confirmed on this CPU.
 #[cfg(target_arch = "x86_64")]
 macro_rules! forward_lanes {
-    ($ty:ident, $m:ident $(, $weighted_rows:ident)?) => {
+    ($ty:ident, $m:ident, $tile_scores:ident $(, $weighted_rows:ident)?) => {
         impl Lanes for $ty {
-            fn scores_rows<E: KvElem>(
+            fn tile_scores<E: KvElem>(
                 qs: &[&[f32]],
-                keys: &Keys<E>,
-                k0: usize,
-                k1: usize,
+                tiles: &[E],
+                hd: usize,
+                ntiles: usize,
                 scale: f32,
                 width: usize,
                 out: &mut [f32],
             ) {
-                unsafe { $m::scores_rows(qs, keys, k0, k1, scale, width, out) }
-            }
-            fn score1<E: KvElem>(q: &[f32], k: &[E], scale: f32) -> f32 {
-                unsafe { $m::score1(q, k, scale) }
+                unsafe { tiles::$tile_scores(qs, tiles, hd, ntiles, scale, width, out) }
             }
             fn max_of(s: &[f32]) -> f32 {
                 unsafe { $m::max_of(s) }
@@ -247,7 +243,7 @@ macro_rules! forward_lanes {
 }
 
 #[cfg(target_arch = "x86_64")]
-forward_lanes!(Avx2Fma, avx2);
+forward_lanes!(Avx2Fma, avx2, tile_scores_avx2);
 
 /// The AVX-512 kernels ([`avx512`]). Only chosen when the CPU has AVX-512 F, DQ, BW and VL
 /// (BW and VL for the masked 16-bit loads of an f16 cache).
@@ -255,7 +251,7 @@ forward_lanes!(Avx2Fma, avx2);
 struct Avx512;
 
 #[cfg(target_arch = "x86_64")]
-forward_lanes!(Avx512, avx512, weighted_rows);
+forward_lanes!(Avx512, avx512, tile_scores_avx512, weighted_rows);
 
 /// The instruction sets of the attention kernels (all compute the same bits).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -325,9 +321,6 @@ thread_local! {
 /// Committed values per block that a task's query rows take turns over (one block of 32 rows
 /// stays in L1 while every query row of the task passes).
 const VALUE_BLOCK: usize = 32;
-/// Committed keys per block of the scores (a multiple of 16; 64 keys of one KV head are
-/// 16 KiB at hd = 64, 64 KiB at hd = 256, and stay in L1/L2 while the task's rows pass).
-const SCORE_BLOCK: usize = 64;
 /// Query rows per task at most.
 const MAX_QUERIES: usize = 8;
 
@@ -438,29 +431,39 @@ fn run<L: Lanes, E: KvElem>(
     } = shape;
     let t = tree.len();
     let group = n_heads / n_kv;
-    // Elements between consecutive rows of one KV head, and between the heads' first rows.
-    let (stride, head_step) = match layout {
-        KvLayout::RowMajor => (n_kv * hd, hd),
-        KvLayout::HeadMajor { capacity } => {
+    // Elements between consecutive rows of one KV head, and between the heads' first rows
+    // (of V, and of K in the row layouts), and the key tiles per head of the tile layout.
+    let (stride, head_step, tiles_per_head) = match layout {
+        KvLayout::RowMajor => (n_kv * hd, hd, None),
+        KvLayout::HeadMajor { capacity } | KvLayout::KeyTiles { capacity } => {
             assert!(
                 committed + t <= capacity,
                 "attention: the rows exceed the capacity"
             );
-            (hd, capacity * hd)
+            let tiles =
+                matches!(layout, KvLayout::KeyTiles { .. }).then(|| capacity.div_ceil(KEY_TILE));
+            (hd, capacity * hd, tiles)
         }
     };
+    if t == 0 {
+        return;
+    }
     let needed = (n_kv - 1) * head_step + (committed + t - 1) * stride + hd;
     assert_eq!(q.len(), t * n_heads * hd);
     assert_eq!(out.len(), t * n_heads * hd);
-    assert!(k_cache.len() >= needed && v_cache.len() >= needed);
-    if t == 0 {
-        return;
+    assert!(v_cache.len() >= needed);
+    match tiles_per_head {
+        Some(per_head) => assert!(k_cache.len() >= n_kv * per_head * hd * KEY_TILE),
+        None => assert!(k_cache.len() >= needed),
     }
     // Query rows of one KV head: u = i · group + g (tree row i, head kvh · group + g).
     let per_kv = t * group;
     let rows = rows_per_task(n_kv, per_kv, group, rayon::current_num_threads());
     let tasks_per_kv = per_kv.div_ceil(rows);
-    let width = committed + t; // scores per query row, at most
+    // Scores per query row: every key tile up to the last pending row (a row's committed keys
+    // at their positions, then its path gathered after them).
+    let ntiles = (committed + t).div_ceil(KEY_TILE);
+    let width = ntiles * KEY_TILE;
     // Tasks write their own query rows' `hd` values of `out` (disjoint, see below).
     let out_ptr = crate::pool::SendPtr(out.as_mut_ptr());
     crate::pool::for_each(n_kv * tasks_per_kv, &|task| {
@@ -526,20 +529,30 @@ fn run<L: Lanes, E: KvElem>(
                 let (i, h) = query(j);
                 &q[(i * n_heads + h) * hd..][..hd]
             };
-            // Scores: committed blocks shared (whole 16-key groups), then each row's tail and
-            // path.
-            let blocks = shared_len / lanes::LANES * lanes::LANES;
-            let shared = shared_keys(k_cache);
+            // Scores: every row against every key tile of this head (the committed keys and
+            // all pending rows), then each row's path scores moved after its committed ones.
+            let built;
+            let key_tiles: &[E] = match tiles_per_head {
+                Some(per_head) => {
+                    &k_cache[kvh * per_head * hd * KEY_TILE..][..per_head * hd * KEY_TILE]
+                }
+                None => {
+                    let row = |r: usize| &k_cache[r * stride + kvh * head_step..][..hd];
+                    built = tiles_from_rows(hd, committed + t, row);
+                    &built
+                }
+            };
             let qs: [&[f32]; MAX_QUERIES] = std::array::from_fn(|j| qv(j.min(n_q - 1)));
-            for k0 in (0..blocks).step_by(SCORE_BLOCK) {
-                let k1 = (k0 + SCORE_BLOCK).min(blocks);
-                L::scores_rows(&qs[..n_q], &shared, k0, k1, scale, width, scores);
-            }
+            L::tile_scores(&qs[..n_q], key_tiles, hd, ntiles, scale, width, scores);
             for j in 0..n_q {
-                let keys = keys_of(k_cache, j);
-                let s = &mut scores[j * width..j * width + keys.len()];
-                for (k, v) in s.iter_mut().enumerate().skip(blocks) {
-                    *v = L::score1(qv(j), keys.row(k), scale);
+                let (i, _) = query(j);
+                let row = &mut scores[j * width..(j + 1) * width];
+                // In place: path position m is at committed + node ≥ committed + m.
+                for (m, &pos) in paths[j * t..j * t + tree.depth(i) as usize + 1]
+                    .iter()
+                    .enumerate()
+                {
+                    row[committed + m] = row[pos];
                 }
             }
             // Values: committed blocks shared, then each row's path; softmax weights first.
@@ -760,9 +773,9 @@ mod tests {
         }
     }
 
-    /// The head-major layout gives bit for bit the row-major result (the same rows, only
-    /// placed differently), on every instruction set, for f32 and f16, with spare capacity
-    /// past the rows.
+    /// The head-major and key-tile layouts give bit for bit the row-major result (the same
+    /// rows, only placed differently), on every instruction set, for f32 and f16, with spare
+    /// capacity past the rows (stale values there must not matter).
     #[test]
     fn head_major_cache_is_bitwise_the_row_major_one() {
         fn check<E: KvElem>(isa: AttnIsa, to: fn(f32) -> E) {
@@ -791,6 +804,17 @@ mod tests {
                     h
                 };
                 let (kh, vh) = (head_major(&k), head_major(&v));
+                // Key tiles of every head, stale values past the rows.
+                let per_head = capacity.div_ceil(KEY_TILE) * hd * KEY_TILE;
+                let mut kt: Vec<E> = rand(n_kv * per_head, 44).into_iter().map(to).collect();
+                for kvh in 0..n_kv {
+                    for r in 0..rows {
+                        let at = kvh * per_head + key_offset(hd, r);
+                        for d in 0..hd {
+                            kt[at + d * KEY_TILE] = k[(r * n_kv + kvh) * hd + d];
+                        }
+                    }
+                }
                 let q = rand(t * n_heads * hd, 43);
                 let scale = 1.0 / (hd as f32).sqrt();
                 let (mut a, mut b) = (vec![0.0; q.len()], vec![0.0; q.len()]);
@@ -800,6 +824,12 @@ mod tests {
                     isa, &q, &kh, &vh, hm, committed, &tree, shape, scale, &mut b,
                 );
                 assert_eq!(bits(&a), bits(&b), "{isa:?} hd {hd}");
+                let tl = KvLayout::KeyTiles { capacity };
+                let mut c = vec![0.0; q.len()];
+                attention_tree_with(
+                    isa, &q, &kt, &vh, tl, committed, &tree, shape, scale, &mut c,
+                );
+                assert_eq!(bits(&a), bits(&c), "{isa:?} hd {hd}: key tiles");
             }
         }
         for isa in isas() {
