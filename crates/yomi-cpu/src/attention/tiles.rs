@@ -109,43 +109,24 @@ mod x86 {
     /// 16 lanes at `p` as f32.
     ///
     /// # Safety
-    /// AVX-512 F; 16 elements readable at `p`.
-    #[target_feature(enable = "avx512f,f16c")]
+    /// AVX-512 F, BW and VL; 16 elements readable at `p`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     #[inline]
     unsafe fn ld16<E: KvElem>(p: *const E) -> __m512 {
-        // SAFETY: the caller's contract.
-        unsafe {
-            if E::IS_F16 {
-                _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
-            } else {
-                _mm512_loadu_ps(p.cast())
-            }
-        }
+        // SAFETY: the caller's contract (all 16 lanes selected).
+        unsafe { super::super::avx512::ld(0xffff, p) }
     }
 
     /// 8 lanes at `p` as f32.
-    ///
-    /// # Safety
-    /// AVX2 and F16C; 8 elements readable at `p`.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn ld8<E: KvElem>(p: *const E) -> __m256 {
-        // SAFETY: the caller's contract.
-        unsafe {
-            if E::IS_F16 {
-                _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
-            } else {
-                _mm256_loadu_ps(p.cast())
-            }
-        }
-    }
+    use super::super::avx2::load8 as ld8;
 
     /// `R` rows against `NT` tiles from tile `t`: `R · NT` independent FMA chains (enough to
     /// cover the FMA latency), each tile register loaded once for the `R` rows.
     ///
     /// # Safety
-    /// AVX-512 F and F16C; the shapes of [`check`], and tiles `t..t + NT` inside `tiles`.
-    #[target_feature(enable = "avx512f,f16c,fma")]
+    /// AVX-512 F, BW and VL and F16C; the shapes of [`check`], and tiles `t..t + NT` inside
+    /// `tiles`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
     #[inline]
     #[allow(clippy::too_many_arguments)]
     unsafe fn group512<E: KvElem, const R: usize, const NT: usize>(
@@ -191,8 +172,8 @@ mod x86 {
     /// a time (four for one or two rows), bit for bit.
     ///
     /// # Safety
-    /// The CPU must have AVX-512 F and F16C.
-    #[target_feature(enable = "avx512f,f16c,fma")]
+    /// The CPU must have AVX-512 F, BW and VL and F16C.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
     pub unsafe fn tile_scores_avx512<E: KvElem>(
         qs: &[&[f32]],
         tiles: &[E],
@@ -211,7 +192,7 @@ mod x86 {
             macro_rules! run {
                 ($r:literal, $nt:literal) => {
                     while ntiles - t >= $nt {
-                        // SAFETY: tiles t..t + NT < ntiles; AVX-512 (this function's contract).
+                        // SAFETY: tiles t..t + NT ≤ ntiles; AVX-512 (this function's contract).
                         unsafe { group512::<E, $r, $nt>(q, tiles, hd, t, scale, width, o) };
                         t += $nt;
                     }
@@ -322,17 +303,7 @@ mod tests {
     use super::*;
     use half::f16;
 
-    fn rand(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s % 10_000) as f32 / 5_000.0 - 1.0
-            })
-            .collect()
-    }
+    use super::super::test_values as rand;
 
     /// Every row count (1–9, so every group size and a second group), odd and even tile counts
     /// and hd = 64, 256, 40: the SIMD kernels give the portable twin's bits, which are the
@@ -372,9 +343,13 @@ mod tests {
                             };
                             assert_eq!(bits(&got), bits(&want), "avx2 hd {hd} rows {n}");
                         }
-                        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("f16c") {
+                        if is_x86_feature_detected!("avx512f")
+                            && is_x86_feature_detected!("avx512bw")
+                            && is_x86_feature_detected!("avx512vl")
+                            && is_x86_feature_detected!("f16c")
+                        {
                             got.fill(0.0);
-                            // SAFETY: AVX-512 F and F16C checked above.
+                            // SAFETY: AVX-512 F, BW, VL and F16C checked above.
                             unsafe {
                                 tile_scores_avx512(&qs, &tiles, hd, ntiles, scale, width, &mut got)
                             };
