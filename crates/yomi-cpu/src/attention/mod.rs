@@ -507,12 +507,12 @@ fn run<L: Lanes, E: KvElem>(
                     path: &paths[j * t..j * t + tree.depth(i) as usize + 1],
                 }
             };
-            // The keys every row of the task sees at the same place: the committed ones and,
+            // The values every row of the task sees at the same place: the committed ones and,
             // in a chain (a prompt chunk), also the pending rows before the task's first tree
             // row, which sit in cache order right after them (row i's path is rows 0..=i).
-            // They go through the shared block kernels; a key's score and a value's term are
-            // the same bits whichever kernel takes them, so only the speed changes. (Prompt
-            // chunks of 256 rows spent a fifth of the prefill on paths scored key by key.)
+            // They go through the shared multi-row kernel; a value's term is the same bits
+            // whichever kernel takes it, so only the speed changes. (Prompt chunks of 256 rows
+            // spent a fifth of the prefill on paths taken key by key.)
             let shared_len = if tree.is_chain() {
                 committed + query(0).0 + 1
             } else {
@@ -559,7 +559,7 @@ fn run<L: Lanes, E: KvElem>(
             // Values: committed blocks shared, then each row's path; softmax weights first.
             let mut inv = [0.0f32; MAX_QUERIES];
             for (j, inv) in inv.iter_mut().enumerate().take(n_q) {
-                let n = keys_of(k_cache, j).len();
+                let n = committed + tree.depth(query(j).0) as usize + 1;
                 let s = &mut scores[j * width..j * width + n];
                 *inv = 1.0 / L::exp_sum(s, L::max_of(s));
             }
