@@ -184,12 +184,33 @@ fn worker(shared: &'static Shared, index: usize) {
     }
 }
 
+thread_local! {
+    /// Participants (the caller included) of the loops this thread starts, at most.
+    static THREAD_CAP: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+}
+
+/// Runs `f` with the parallel loops it starts on this thread limited to `threads` (≥ 1)
+/// participants, the caller included (e.g. a one-row pass that streams weights faster on one
+/// core than on two); the bits of every loop are the same whatever the number.
+pub fn with_threads<R>(threads: usize, f: impl FnOnce() -> R) -> R {
+    struct Restore(usize);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            THREAD_CAP.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(THREAD_CAP.with(|c| c.replace(threads.max(1))));
+    f()
+}
+
 /// Calls `f(i)` for every `i < n` in parallel (see the module notes).
 pub fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) {
     if n == 0 {
         return;
     }
-    let threads = rayon::current_num_threads().max(1);
+    let threads = rayon::current_num_threads()
+        .min(THREAD_CAP.with(|c| c.get()))
+        .max(1);
     let p = pool();
     let want = (threads - 1).min(max_workers()).min(n - 1);
     let workers = if want == 0 {

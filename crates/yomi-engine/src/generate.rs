@@ -14,6 +14,7 @@ use yomi_models::{LogitRows, Model, State};
 use yomi_spec::{DraftTree, Drafter, SuffixDrafter, accept_with};
 
 use crate::engine::Engine;
+use crate::one_row_threads::OneRowThreads;
 use crate::stats::{GenerationStats, StatsRecorder};
 use crate::tokenizer::StreamDecoder;
 
@@ -470,6 +471,12 @@ impl Engine {
         }
         let mut draft = DraftTree::with_capacity(MAX_DRAFT_BUDGET + 1);
         let mut cost = PassCost::default();
+        // One-row passes on the CPU run on one thread or all, whichever measures faster.
+        let mut one_row = OneRowThreads::new(if model.accel.is_some() {
+            1
+        } else {
+            rayon::current_num_threads()
+        });
         // The token after the prompt.
         let mut next = rows
             .sampler
@@ -507,11 +514,17 @@ impl Engine {
             let t0 = out.drafting.then(Instant::now);
             let bonus = if draft.len() == 1 {
                 tree.set_chain(1);
-                rows.forward(model, st, &[next], &tree, LogitRows::Last)?;
-                accepted.clear();
-                accepted.push(0);
-                model.commit(st, &accepted)?;
-                rows.sample(model, st, 0, (c + 1) as u64)?
+                let threads = one_row.pick();
+                let t1 = Instant::now();
+                let bonus = yomi_cpu::pool::with_threads(threads, || -> Result<u32> {
+                    rows.forward(model, st, &[next], &tree, LogitRows::Last)?;
+                    accepted.clear();
+                    accepted.push(0);
+                    model.commit(st, &accepted)?;
+                    rows.sample(model, st, 0, (c + 1) as u64)
+                })?;
+                one_row.record(threads, t1.elapsed().as_secs_f64());
+                bonus
             } else {
                 draft.to_batch(&mut tree)?;
                 rows.forward(model, st, draft.tokens(), &tree, LogitRows::All)?;

@@ -5,6 +5,7 @@ pub mod engine;
 pub mod generate;
 mod gguf_model;
 mod gguf_spm;
+mod one_row_threads;
 pub mod perplexity;
 pub mod prefix_cache;
 pub mod stats;
