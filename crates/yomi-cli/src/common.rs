@@ -17,7 +17,8 @@ pub struct ModelArgs {
     /// Context size in tokens (default: the model's, capped at 32768).
     #[arg(long, value_name = "N")]
     pub ctx_size: Option<usize>,
-    /// Kernel threads (default: one per core).
+    /// Kernel threads (default: one per core). On the CPU, one-row passes (plain decoding)
+    /// use one of them or all, whichever measures faster as tokens are generated.
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
     /// Element type of the CPU attention (K/V) cache: f16 halves its memory (32k tokens of
