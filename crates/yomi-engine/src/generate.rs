@@ -471,12 +471,12 @@ impl Engine {
         }
         let mut draft = DraftTree::with_capacity(MAX_DRAFT_BUDGET + 1);
         let mut cost = PassCost::default();
-        // One-row passes on the CPU run on one thread or all, whichever measures faster.
-        let mut one_row = OneRowThreads::new(if model.accel.is_some() {
-            1
-        } else {
-            rayon::current_num_threads()
-        });
+        // One-row passes on the CPU run on one thread or all, whichever measures faster (an
+        // accelerator's passes, and the host loops around them, keep every thread).
+        let mut one_row = model
+            .accel
+            .is_none()
+            .then(|| OneRowThreads::new(rayon::current_num_threads()));
         // The token after the prompt.
         let mut next = rows
             .sampler
@@ -514,7 +514,7 @@ impl Engine {
             let t0 = out.drafting.then(Instant::now);
             let bonus = if draft.len() == 1 {
                 tree.set_chain(1);
-                let threads = one_row.pick();
+                let threads = one_row.as_ref().map_or(usize::MAX, OneRowThreads::pick);
                 let t1 = Instant::now();
                 let bonus = yomi_cpu::pool::with_threads(threads, || -> Result<u32> {
                     rows.forward(model, st, &[next], &tree, LogitRows::Last)?;
@@ -523,7 +523,9 @@ impl Engine {
                     model.commit(st, &accepted)?;
                     rows.sample(model, st, 0, (c + 1) as u64)
                 })?;
-                one_row.record(threads, t1.elapsed().as_secs_f64());
+                if let Some(o) = one_row.as_mut() {
+                    o.record(threads, t1.elapsed().as_secs_f64());
+                }
                 bonus
             } else {
                 draft.to_batch(&mut tree)?;
