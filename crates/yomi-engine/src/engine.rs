@@ -49,6 +49,8 @@ pub struct Engine {
     pub context_size: usize,
     pub path: PathBuf,
     pool: rayon::ThreadPool,
+    /// One-row pass times by thread count, carried from request to request (CPU only).
+    pub(crate) one_row: std::sync::Mutex<Option<crate::one_row_threads::OneRowThreads>>,
 }
 
 impl Engine {
@@ -104,6 +106,7 @@ impl Engine {
             context_size,
             path: path.to_path_buf(),
             pool,
+            one_row: std::sync::Mutex::new(None),
         })
     }
 

@@ -471,12 +471,16 @@ impl Engine {
         }
         let mut draft = DraftTree::with_capacity(MAX_DRAFT_BUDGET + 1);
         let mut cost = PassCost::default();
-        // One-row passes on the CPU run on one thread or all, whichever measures faster (an
-        // accelerator's passes, and the host loops around them, keep every thread).
-        let mut one_row = model
-            .accel
-            .is_none()
-            .then(|| OneRowThreads::new(rayon::current_num_threads()));
+        // One-row passes on the CPU run on one thread or all, whichever measures faster, with
+        // the measurements of earlier requests (an accelerator's passes, and the host loops
+        // around them, keep every thread).
+        let mut one_row = model.accel.is_none().then(|| {
+            self.one_row
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+                .unwrap_or_else(|| OneRowThreads::new(rayon::current_num_threads()))
+        });
         // The token after the prompt.
         let mut next = rows
             .sampler
@@ -570,6 +574,9 @@ impl Engine {
             stats.pass_drafted(draft.num_drafts());
             stats.pass_emitted(emitted);
             next = bonus;
+        }
+        if one_row.is_some() {
+            *self.one_row.lock().unwrap_or_else(|e| e.into_inner()) = one_row;
         }
         let mut finish = finish.unwrap_or(FinishReason::Length);
         // Text held back (an incomplete character) comes out unless a stop string or the

@@ -7,10 +7,12 @@
 //! (342 against 295 tok/s, medians of 5) while after a 3000-token context two threads were 3 %
 //! faster (attention over the cache then counts); a desktop or server core alone reaches a
 //! fraction of its memory bandwidth, and every thread helps. So the loop measures: the first
-//! one-row passes alternate between one thread and all of them, then the faster is used and the
-//! other retried now and then (rarely when it was much slower), following the context as it
-//! grows. Multi-row passes always use every thread. The thread count never changes a bit of
-//! the output (every parallel loop computes the same values however it is split).
+//! one-row passes alternate between all threads and one (stopping at the first pair when one
+//! thread is much slower, so a many-core machine pays for a single slow pass), then the faster
+//! is used and the other retried now and then (rarely when it was much slower), following the
+//! context as it grows. The engine keeps the measurements from one request to the next.
+//! Multi-row passes always use every thread. The thread count never changes a bit of the
+//! output (every parallel loop computes the same values however it is split).
 
 /// One-row passes measured per choice before the first decision.
 const WARMUP: u32 = 4;
@@ -24,6 +26,7 @@ const CLOSE: f64 = 1.5;
 const WEIGHT: f64 = 0.25;
 
 /// The measured choice between one thread and all of them (see the module notes).
+#[derive(Clone, Debug)]
 pub struct OneRowThreads {
     all: usize,
     /// Running mean of the pass time, seconds, and passes measured: [one thread, all].
@@ -48,9 +51,14 @@ impl OneRowThreads {
         if self.all == 1 {
             return 1;
         }
-        let choice = if self.seen.iter().any(|&n| n < WARMUP) {
+        let clearly_slower = self.seen[0] > 0 && self.mean[0] > CLOSE * self.mean[1];
+        let choice = if self.seen[1] == 0 {
+            1 // All threads first: the usual choice.
+        } else if self.seen[0] == 0 {
+            0
+        } else if self.seen.iter().any(|&n| n < WARMUP) && !clearly_slower {
             // Alternate until both have been measured enough.
-            usize::from(self.seen[0] > self.seen[1])
+            usize::from(self.seen[0] >= self.seen[1])
         } else {
             let fast = usize::from(self.mean[1] < self.mean[0]);
             let ratio = self.mean[1 - fast] / self.mean[fast];
@@ -104,10 +112,19 @@ mod tests {
         // the other retried every 32 passes.
         let share = run(2, |t, _| if t == 1 { 3.0e-3 } else { 3.5e-3 }, 1000);
         assert!(share > 0.95 && share < 0.99, "{share}");
-        // All threads 4× faster (a many-core machine): one thread only in the warm-up and
-        // in the rare retries.
+        // All threads 4× faster (a many-core machine): one thread for a single warm-up pass
+        // and the rare retries.
         let share = run(16, |t, _| if t == 1 { 8.0e-3 } else { 2.0e-3 }, 1000);
         assert!(share < 0.01, "{share}");
+        let mut c = OneRowThreads::new(16);
+        let first: Vec<usize> = (0..8)
+            .map(|_| {
+                let t = c.pick();
+                c.record(t, if t == 1 { 8.0e-3 } else { 2.0e-3 });
+                t
+            })
+            .collect();
+        assert_eq!(first, [16, 1, 16, 16, 16, 16, 16, 16]);
         // The balance turns as the context grows: after the turn all threads win.
         let turn = |t: usize, p: u64| {
             let slope = if t == 1 { 2.0e-6 } else { 1.0e-6 };
@@ -134,7 +151,7 @@ mod tests {
         let mut c = OneRowThreads::new(4);
         c.record(4, f64::NAN);
         assert_eq!(c.seen, [0, 0]);
-        // Warm-up alternates, starting with one thread.
+        // Warm-up alternates, starting with all threads, while the two are close.
         let picks: Vec<usize> = (0..4)
             .map(|_| {
                 let t = c.pick();
@@ -142,6 +159,6 @@ mod tests {
                 t
             })
             .collect();
-        assert_eq!(picks, [1, 4, 1, 4]);
+        assert_eq!(picks, [4, 1, 4, 1]);
     }
 }

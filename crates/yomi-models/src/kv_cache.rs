@@ -144,11 +144,19 @@ impl KvRows {
         }
     }
 
-    /// Stores `src[i]` at value offset `at + i · stride` (rounded to the element type).
+    /// Stores `src[i]` at value offset `at + i · stride` (rounded to the element type), in
+    /// chunks converted together (the slice conversion is vectorised; one value at a time it
+    /// was not), then scattered.
     pub fn write_f32_strided(&mut self, at: usize, stride: usize, src: &[f32]) {
+        const CHUNK: usize = 64;
         each!(self, v => {
-            for (i, &x) in src.iter().enumerate() {
-                v[at + i * stride] = KvElem::from_f32(x);
+            let mut buf = [Default::default(); CHUNK];
+            for (c, part) in src.chunks(CHUNK).enumerate() {
+                let buf = &mut buf[..part.len()];
+                KvElem::store_f32(part, buf);
+                for (i, &x) in buf.iter().enumerate() {
+                    v[at + (c * CHUNK + i) * stride] = x;
+                }
             }
         })
     }
@@ -261,6 +269,17 @@ mod tests {
             got.clear();
             w.read_f32_strided(3, 8, 8, &mut got);
             assert_eq!(got, back[..8]);
+            // More values than one conversion chunk (64), as a K row of hd = 256 is.
+            let long: Vec<f32> = (0..150).map(|i| (i as f32 - 75.0) * 0.11).collect();
+            let mut z = KvRows::zeros(dtype, 150 * 3);
+            z.write_f32_strided(2, 3, &long);
+            got.clear();
+            z.read_f32_strided(2, 3, 150, &mut got);
+            let mut want = vec![0.0; 150];
+            let mut plain = KvRows::zeros(dtype, 150);
+            plain.write_f32(0, &long);
+            want.copy_from_slice(&plain.to_f32(0..150));
+            assert_eq!(got, want, "{dtype}: strided write of 150 values");
         }
         assert_eq!("F16".parse::<KvDtype>().unwrap(), KvDtype::F16);
         assert!("bf16".parse::<KvDtype>().is_err());
