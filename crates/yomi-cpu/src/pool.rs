@@ -203,6 +203,11 @@ pub fn with_threads<R>(threads: usize, f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// The participants cap of this thread's loops (see [`with_threads`]).
+pub fn thread_cap() -> usize {
+    THREAD_CAP.with(|c| c.get())
+}
+
 /// Calls `f(i)` for every `i < n` in parallel (see the module notes).
 pub fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) {
     if n == 0 {

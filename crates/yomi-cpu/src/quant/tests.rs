@@ -540,6 +540,33 @@ fn avx2_pair_quantizer_matches_portable() {
     }
 }
 
+/// Many rows (enough to be split over the pool, into items of several rows with a shorter last
+/// one) give every row exactly the units it gets alone, for both pair kinds.
+#[test]
+fn quantize_rows_over_the_pool_is_per_row() {
+    fn check<A: ActBlock + PartialEqBlock>(x: &[f32], cols: usize) {
+        let t = x.len() / cols;
+        let mut all = Vec::<A>::new();
+        quantize_rows(x, cols, &mut all);
+        let per = all.len() / t;
+        for (ti, xr) in x.chunks(cols).enumerate() {
+            let mut one = Vec::<A>::new();
+            act::quantize_portable(xr, &mut one);
+            assert_eq!(one.len(), per);
+            for (p, q) in all[ti * per..(ti + 1) * per].iter().zip(&one) {
+                assert!(p.same(q), "cols {cols}, row {ti} of {t}");
+            }
+        }
+    }
+    let mut rng = Rng(29);
+    for (cols, t) in [(576, 16), (1536, 7), (96, 40), (32, 130)] {
+        let x = random_acts(cols * t, &mut rng);
+        assert!(t >= 2 && x.len() >= 2 * act::PARALLEL_MIN_VALUES);
+        check::<PairQ8x2>(&x, cols);
+        check::<PairQ8>(&x, cols);
+    }
+}
+
 /// Rows are quantized separately: a row with an odd block count does not share its last pair
 /// with the next row.
 #[test]
