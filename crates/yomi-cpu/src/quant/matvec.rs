@@ -377,9 +377,10 @@ fn packed_run<A: Act32>(
             }
         };
         // Jobs split each matrix evenly over the threads: one contiguous run of weights per
-        // thread streams faster than many short jobs claimed dynamically (each job restarts
-        // the prefetch stream), measured on a Zen 4 VM by passes alternating in one process:
-        // one-row passes on 2 threads −7…9 %, 2–8-row verify passes −2…5 %.
+        // thread streams faster than many short jobs claimed dynamically (likely because each
+        // job's prefetch runs into the next job, which the other thread usually takes),
+        // measured on a Zen 4 VM by passes alternating in one process: one-row passes on 2
+        // threads −7…9 %, 2–8-row verify passes −2…5 %.
         let threads = rayon::current_num_threads()
             .min(crate::pool::thread_cap())
             .max(1);
