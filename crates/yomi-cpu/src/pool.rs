@@ -203,9 +203,12 @@ pub fn with_threads<R>(threads: usize, f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// The participants cap of this thread's loops (see [`with_threads`]).
-pub fn thread_cap() -> usize {
-    THREAD_CAP.with(|c| c.get())
+/// Participants (the caller included) that a loop started on this thread may have: the rayon
+/// thread count under this thread's [`with_threads`] cap.
+pub fn participants() -> usize {
+    rayon::current_num_threads()
+        .min(THREAD_CAP.with(|c| c.get()))
+        .max(1)
 }
 
 /// Calls `f(i)` for every `i < n` in parallel (see the module notes).
@@ -213,9 +216,7 @@ pub fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) {
     if n == 0 {
         return;
     }
-    let threads = rayon::current_num_threads()
-        .min(THREAD_CAP.with(|c| c.get()))
-        .max(1);
+    let threads = participants();
     let p = pool();
     let want = (threads - 1).min(max_workers()).min(n - 1);
     let workers = if want == 0 {

@@ -172,10 +172,8 @@ fn run<A: ActBlock>(
         // items claimed in turn (Q4_K, 63 MB of 2048/6144-wide matrices on a Zen 4 VM with 2
         // threads: −23 %). Passes of several rows are compute-bound and keep the short items
         // (an even split measured 4–7 % slower there).
-        let threads = rayon::current_num_threads()
-            .min(crate::pool::thread_cap())
-            .max(1);
-        let per = rows.div_ceil(ROWS_PER_TASK).div_ceil(threads).max(min_len);
+        let chunks = rows.div_ceil(ROWS_PER_TASK);
+        let per = even_job(chunks, crate::pool::participants(), usize::MAX, min_len);
         let a = act(0, 1);
         crate::pool::for_each_chunk_mut(out, ROWS_PER_TASK, per, |ci, chunk| {
             for (k, o) in chunk.iter_mut().enumerate() {
@@ -289,8 +287,8 @@ pub fn linear_packed_many_with(
     }
 }
 
-/// Groups per job when `groups` are cut into a multiple of `threads` runs of equal length, each
-/// at most `cap` groups (≥ 1) and at least `min_len` groups.
+/// Items (groups of 16 rows) per job when `groups` items are cut into a multiple of `threads`
+/// runs of equal length, each at most `cap` items (≥ 1) and at least `min_len` items.
 fn even_job(groups: usize, threads: usize, cap: usize, min_len: usize) -> usize {
     let runs = groups.div_ceil(cap.max(1)).div_ceil(threads).max(1) * threads;
     groups.div_ceil(runs).max(min_len).max(1)
@@ -381,9 +379,7 @@ fn packed_run<A: Act32>(
         // job's prefetch runs into the next job, which the other thread usually takes),
         // measured on a Zen 4 VM by passes alternating in one process: one-row passes on 2
         // threads −7…9 %, 2–8-row verify passes −2…5 %.
-        let threads = rayon::current_num_threads()
-            .min(crate::pool::thread_cap())
-            .max(1);
+        let threads = crate::pool::participants();
         if t == 1 {
             let jobs = Jobs::new(groups, |m| {
                 even_job(groups[m], threads, usize::MAX, min_len(m))
