@@ -361,103 +361,78 @@ fn packed_run<A: Act32>(
         };
         let gbytes = |m: usize| GROUP * ps[m].row_bytes();
         let min_len = |m: usize| (MIN_BYTES_PER_JOB / gbytes(m).max(1)).max(1);
-        // Groups g0..g0 + n of matrix m into `slab` ([group][T][16] at `stride` = T·16 per
-        // group; T = 1 writes the outputs directly). Activation tiles outside, groups inside.
-        // The kernels prefetch the weight stream themselves, a block at a time (see
-        // `packed::x86`), rather than this job's whole range up front.
-        let task = |m: usize, g0: usize, n: usize, slab: &mut [f32]| {
+        // Matrix m's outputs, written by the jobs at disjoint column ranges of every row.
+        let base: [crate::pool::SendPtr<f32>; MAX_MANY] = std::array::from_fn(|m| {
+            crate::pool::SendPtr(
+                outs.get_mut(m)
+                    .map_or(std::ptr::null_mut(), |o| o.as_mut_ptr()),
+            )
+        });
+        // Groups g0..g0 + n of matrix m: activation tiles outside, groups inside. The kernels
+        // write a tile's outputs as [group][row][16]; T = 1 is already `out`'s layout, and
+        // T > 1 goes through a job-local buffer (L1-hot) into rows ti of `out`, in the same
+        // job (a separate transpose pass cost a second fork and join per call and ~2 % of a
+        // verify pass). The kernels prefetch the weight stream themselves, a block at a time
+        // (see `packed::x86`), rather than this job's whole range up front.
+        let task = |m: usize, g0: usize, n: usize| {
             let p = ps[m];
-            for t0 in (0..t).step_by(tile) {
-                let t1 = (t0 + tile).min(t);
-                let a = A::row(&acts[t0 * nb..t1 * nb]);
-                let w = p.group_bytes(g0, g0 + n);
-                kernel.packed_groups(p.ty(), w, n, a, t1 - t0, &mut slab[t0 * GROUP..], t * GROUP);
+            let rows = p.rows();
+            let w = p.group_bytes(g0, g0 + n);
+            if t == 1 {
+                // SAFETY: the job covers groups g0..g0 + n of matrix m only, so outputs
+                // g0·16..(g0 + n)·16 of `outs[m]` (inside it: (g0 + n)·16 ≤ rows), disjoint
+                // from every other job's; `outs` is borrowed mutably for the call.
+                let o = unsafe {
+                    std::slice::from_raw_parts_mut(base[m].get().add(g0 * GROUP), n * GROUP)
+                };
+                kernel.packed_groups(p.ty(), w, n, A::row(acts), 1, o, GROUP);
+                return;
             }
+            with_scratch(&OUT_T, |buf| {
+                for t0 in (0..t).step_by(tile) {
+                    let tn = (t0 + tile).min(t) - t0;
+                    let a = A::row(&acts[t0 * nb..(t0 + tn) * nb]);
+                    let buf = grown(buf, n * tn * GROUP);
+                    kernel.packed_groups(p.ty(), w, n, a, tn, buf, tn * GROUP);
+                    for r in 0..tn {
+                        // SAFETY: row t0 + r < T of `outs[m]`, outputs g0·16..(g0 + n)·16
+                        // (inside the row: (g0 + n)·16 ≤ rows): this job's columns only.
+                        let o = unsafe {
+                            std::slice::from_raw_parts_mut(
+                                base[m].get().add((t0 + r) * rows + g0 * GROUP),
+                                n * GROUP,
+                            )
+                        };
+                        for (k, og) in o.chunks_exact_mut(GROUP).enumerate() {
+                            let s = (k * tn + r) * GROUP;
+                            og.copy_from_slice(&buf[s..s + GROUP]);
+                        }
+                    }
+                }
+            });
         };
         // Jobs split each matrix evenly over the threads: one contiguous run of weights per
         // thread streams faster than many short jobs claimed dynamically (likely because each
         // job's prefetch runs into the next job, which the other thread usually takes),
         // measured on a Zen 4 VM by passes alternating in one process: one-row passes on 2
-        // threads −7…9 %, 2–8-row verify passes −2…5 %.
+        // threads −7…9 %, 2–8-row verify passes −2…5 %. With more activation rows than one
+        // cache tile, a job's weights (at most `PACKED_JOB_BYTES`) stay in L2 while the tiles
+        // go by, so a matrix gets a multiple of `threads` jobs of equal length. (The AMX
+        // kernel also wants long jobs: it repacks the activations and loads its tile
+        // configuration once per call.)
         let threads = crate::pool::participants();
-        if t == 1 {
-            let jobs = Jobs::new(groups, |m| {
-                even_job(groups[m], threads, usize::MAX, min_len(m))
-            });
-            let base: [crate::pool::SendPtr<f32>; MAX_MANY] = std::array::from_fn(|m| {
-                crate::pool::SendPtr(
-                    outs.get_mut(m)
-                        .map_or(std::ptr::null_mut(), |o| o.as_mut_ptr()),
-                )
-            });
-            crate::pool::for_each(jobs.total(), &|i| {
-                let (m, g0, n) = jobs.get(i, groups);
-                // SAFETY: job i covers groups g0..g0 + n of matrix m only, so outputs
-                // g0·16..(g0 + n)·16 of `outs[m]` (inside it: g0 + n ≤ groups · 16 ≤ rows),
-                // disjoint from every other job's; `outs` is borrowed mutably for the call.
-                let o = unsafe {
-                    std::slice::from_raw_parts_mut(base[m].get().add(g0 * GROUP), n * GROUP)
-                };
-                task(m, g0, n, o);
-            });
-        } else {
-            // More activation rows than one cache tile: a job's weights (at most
-            // `PACKED_JOB_BYTES`) stay in L2 while the tiles go by, so a matrix gets a multiple
-            // of `threads` jobs of equal length. (The AMX kernel also wants long jobs: it
-            // repacks the activations and loads its tile configuration once per call.)
-            let all: usize = groups.iter().sum();
-            let jobs = Jobs::new(groups, |m| {
-                let cap = if t > tile {
-                    PACKED_JOB_BYTES / gbytes(m).max(1)
-                } else {
-                    usize::MAX
-                };
-                even_job(groups[m], threads, cap, min_len(m))
-            });
-            // Matrix m's slab starts at group offset `slab0[m]` (in groups of T·16 floats).
-            let mut slab0 = [0usize; MAX_MANY + 1];
-            for m in 0..ps.len() {
-                slab0[m + 1] = slab0[m] + groups[m];
-            }
-            with_scratch(&OUT_T, |ot| {
-                let ot = grown(ot, all * t * GROUP);
-                let slab = crate::pool::SendPtr(ot.as_mut_ptr());
-                crate::pool::for_each(jobs.total(), &|i| {
-                    let (m, g0, n) = jobs.get(i, groups);
-                    // SAFETY: job i writes groups g0..g0 + n of matrix m's slab, i.e. floats
-                    // (slab0[m] + g0)·T·16.. of `ot` for n·T·16 (inside: slab0[m] + g0 + n ≤
-                    // all), disjoint from every other job's.
-                    let o = unsafe {
-                        std::slice::from_raw_parts_mut(
-                            slab.get().add((slab0[m] + g0) * t * GROUP),
-                            n * t * GROUP,
-                        )
-                    };
-                    task(m, g0, n, o);
-                });
-                let ot = &ot[..];
-                // The transposes: item (m, ti) fills row ti of outs[m].
-                let base: [crate::pool::SendPtr<f32>; MAX_MANY] = std::array::from_fn(|m| {
-                    crate::pool::SendPtr(
-                        outs.get_mut(m)
-                            .map_or(std::ptr::null_mut(), |o| o.as_mut_ptr()),
-                    )
-                });
-                crate::pool::for_each(ps.len() * t, &|item| {
-                    let (m, ti) = (item / t, item % t);
-                    let rows = ps[m].rows();
-                    // SAFETY: row ti of outs[m] (rows floats at ti·rows, inside it: ti < T),
-                    // written by this item only.
-                    let o = unsafe {
-                        std::slice::from_raw_parts_mut(base[m].get().add(ti * rows), rows)
-                    };
-                    for (g, og) in o[..groups[m] * GROUP].chunks_exact_mut(GROUP).enumerate() {
-                        let s = ((slab0[m] + g) * t + ti) * GROUP;
-                        og.copy_from_slice(&ot[s..s + GROUP]);
-                    }
-                });
-            });
-        }
+        let jobs = Jobs::new(groups, |m| {
+            let cap = if t > tile {
+                PACKED_JOB_BYTES / gbytes(m).max(1)
+            } else {
+                usize::MAX
+            };
+            even_job(groups[m], threads, cap, min_len(m))
+        });
+        crate::pool::for_each(jobs.total(), &|i| {
+            let (m, g0, n) = jobs.get(i, groups);
+            task(m, g0, n);
+        });
         // The tail rows (fewer than a group): the row kernels, T = 1 bits by construction.
         for (p, out) in ps.iter().zip(outs.iter_mut()) {
             let rows = p.rows();
