@@ -61,8 +61,15 @@ pub(crate) struct Scratch {
     rows: Vec<f32>,
 }
 
+/// The first `n` values of a scratch vector, growing it but never shrinking it: the scratch
+/// vectors serve several sizes per layer (e.g. `a` holds q, then the MLP's gate), and a
+/// resize down and up again zero-filled the difference on every layer (~1 % of a verify pass,
+/// on the submitting thread while the pool waits). The values are stale either way: every
+/// user overwrites its slice before reading it.
 fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    v.resize(n, 0.0);
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
     &mut v[..n]
 }
 
