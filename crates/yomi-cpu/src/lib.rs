@@ -14,5 +14,6 @@ pub mod pool;
 pub mod quant;
 pub mod rope;
 pub mod simd;
+pub mod steal;
 
 pub use linear::{Matrix, WeightData};

@@ -28,6 +28,7 @@ use super::act::{
 };
 use super::packed::{GROUP, PackedQuant};
 use super::{Kernel, Precision, QuantData};
+use crate::steal::Runs;
 
 thread_local! {
     static ACT_Q8: RefCell<Vec<PairQ8>> = const { RefCell::new(Vec::new()) };
@@ -232,7 +233,11 @@ pub(crate) fn linear_packed(x: &[f32], t: usize, p: &PackedQuant, out: &mut [f32
 /// of a task passes over it (at least a register tile of 8).
 const PACKED_ACT_TILE_BYTES: usize = 32 * 1024;
 
-/// Most weight bytes of one job of the packed kernels with T > 1 (see `packed_run`).
+/// Most weight bytes a thread takes from its run at a time in the packed kernels (see
+/// `packed_run`), and with more activation rows than a tile the most one kernel call covers.
+/// Measured by passes alternating in one process (Zen 4 VM, 2 threads, against one static run
+/// per thread and matrix): 16 KiB pieces 0–3 % slower, 64 KiB flat, 128 KiB–4 MiB 1–3 %
+/// faster at T = 1, 5 and 8.
 const PACKED_JOB_BYTES: usize = 256 * 1024;
 
 /// `linear_packed` with a chosen kernel set: T activation rows quantized once, groups of 16
@@ -294,41 +299,6 @@ fn even_job(groups: usize, threads: usize, cap: usize, min_len: usize) -> usize 
     groups.div_ceil(runs).max(min_len).max(1)
 }
 
-/// The jobs of one call: matrix m's groups in runs of `per[m]`, matrices one after another.
-struct Jobs {
-    n: usize,
-    per: [usize; MAX_MANY],
-    /// First job of each matrix, and the total at index `n`.
-    first: [usize; MAX_MANY + 1],
-}
-
-impl Jobs {
-    /// `per(m)`: groups per job of matrix m.
-    fn new(groups: &[usize], per: impl Fn(usize) -> usize) -> Jobs {
-        let mut j = Jobs {
-            n: groups.len(),
-            per: [1; MAX_MANY],
-            first: [0; MAX_MANY + 1],
-        };
-        for (m, &g) in groups.iter().enumerate() {
-            j.per[m] = per(m).max(1);
-            j.first[m + 1] = j.first[m] + g.div_ceil(j.per[m]);
-        }
-        j
-    }
-
-    fn total(&self) -> usize {
-        self.first[self.n]
-    }
-
-    /// (matrix, first group, groups) of job `i`.
-    fn get(&self, i: usize, groups: &[usize]) -> (usize, usize, usize) {
-        let m = (0..self.n).rfind(|&m| self.first[m] <= i).unwrap_or(0);
-        let g0 = (i - self.first[m]) * self.per[m];
-        (m, g0, self.per[m].min(groups[m] - g0))
-    }
-}
-
 fn packed_run<A: Act32>(
     key: &'static LocalKey<RefCell<Vec<A>>>,
     kernel: Kernel,
@@ -360,8 +330,7 @@ fn packed_run<A: Act32>(
                 .min(t)
         };
         let gbytes = |m: usize| GROUP * ps[m].row_bytes();
-        let min_len = |m: usize| (MIN_BYTES_PER_JOB / gbytes(m).max(1)).max(1);
-        // Matrix m's outputs, written by the jobs at disjoint column ranges of every row.
+        // Matrix m's outputs, written by the pieces at disjoint column ranges of every row.
         let base: [crate::pool::SendPtr<f32>; MAX_MANY] = std::array::from_fn(|m| {
             crate::pool::SendPtr(
                 outs.get_mut(m)
@@ -370,18 +339,19 @@ fn packed_run<A: Act32>(
         });
         // Groups g0..g0 + n of matrix m: activation tiles outside, groups inside. The kernels
         // write a tile's outputs as [group][row][16]; T = 1 is already `out`'s layout, and
-        // T > 1 goes through a job-local buffer (L1-hot) into rows ti of `out`, in the same
-        // job (a separate transpose pass cost a second fork and join per call and ~2 % of a
-        // verify pass). The kernels prefetch the weight stream themselves, a block at a time
-        // (see `packed::x86`), rather than this job's whole range up front.
+        // T > 1 goes through a thread-local buffer (cache-hot) into rows ti of `out`, in the
+        // same piece (a separate transpose pass cost a second fork and join per call and ~2 %
+        // of a verify pass). The kernels prefetch the weight stream themselves, a block at a
+        // time (see `packed::x86`), rather than the piece's whole range up front.
         let task = |m: usize, g0: usize, n: usize| {
             let p = ps[m];
             let rows = p.rows();
             let w = p.group_bytes(g0, g0 + n);
             if t == 1 {
-                // SAFETY: the job covers groups g0..g0 + n of matrix m only, so outputs
+                // SAFETY: the piece covers groups g0..g0 + n of matrix m only, so outputs
                 // g0·16..(g0 + n)·16 of `outs[m]` (inside it: (g0 + n)·16 ≤ rows), disjoint
-                // from every other job's; `outs` is borrowed mutably for the call.
+                // from every other piece's ([`Runs`] hands out each group once); `outs` is
+                // borrowed mutably for the call.
                 let o = unsafe {
                     std::slice::from_raw_parts_mut(base[m].get().add(g0 * GROUP), n * GROUP)
                 };
@@ -396,7 +366,7 @@ fn packed_run<A: Act32>(
                     kernel.packed_groups(p.ty(), w, n, a, tn, buf, tn * GROUP);
                     for r in 0..tn {
                         // SAFETY: row t0 + r < T of `outs[m]`, outputs g0·16..(g0 + n)·16
-                        // (inside the row: (g0 + n)·16 ≤ rows): this job's columns only.
+                        // (inside the row: (g0 + n)·16 ≤ rows): this piece's columns only.
                         let o = unsafe {
                             std::slice::from_raw_parts_mut(
                                 base[m].get().add((t0 + r) * rows + g0 * GROUP),
@@ -411,28 +381,41 @@ fn packed_run<A: Act32>(
                 }
             });
         };
-        // Jobs split each matrix evenly over the threads: one contiguous run of weights per
-        // thread streams faster than many short jobs claimed dynamically (likely because each
-        // job's prefetch runs into the next job, which the other thread usually takes),
-        // measured on a Zen 4 VM by passes alternating in one process: one-row passes on 2
-        // threads −7…9 %, 2–8-row verify passes −2…5 %. With more activation rows than one
-        // cache tile, a job's weights (at most `PACKED_JOB_BYTES`) stay in L2 while the tiles
-        // go by, so a matrix gets a multiple of `threads` jobs of equal length. (The AMX
-        // kernel also wants long jobs: it repacks the activations and loads its tile
-        // configuration once per call.)
-        let threads = crate::pool::participants();
-        let jobs = Jobs::new(groups, |m| {
-            let cap = if t > tile {
-                PACKED_JOB_BYTES / gbytes(m).max(1)
-            } else {
-                usize::MAX
-            };
-            even_job(groups[m], threads, cap, min_len(m))
-        });
-        crate::pool::for_each(jobs.total(), &|i| {
-            let (m, g0, n) = jobs.get(i, groups);
-            task(m, g0, n);
-        });
+        // One contiguous run of weights per thread, over the matrices one after another, in
+        // pieces from its front; a thread done with its run steals the back half of what is
+        // left of another ([`crate::steal`]). Contiguous runs stream faster than many short
+        // jobs claimed in turn (measured on a Zen 4 VM by passes alternating in one process:
+        // one-row passes on 2 threads −7…9 %, 2–8-row verify passes −2…5 %; likely because
+        // each job's prefetch runs into the next job, which the other thread usually takes),
+        // and stealing the tails ends each loop within a piece instead of waiting for the
+        // slower thread (measured, see `PACKED_JOB_BYTES`). With more activation rows than
+        // one cache tile, a piece's weights (at most `PACKED_JOB_BYTES`) stay in L2 while the
+        // tiles go by. (The AMX kernel also wants long pieces: it repacks the activations and
+        // loads its tile configuration once per call.)
+        let mut first = [0usize; MAX_MANY + 1];
+        for m in 0..ps.len() {
+            first[m + 1] = first[m] + groups[m];
+        }
+        let all = first[ps.len()];
+        if all > 0 {
+            let widest = (0..ps.len()).map(gbytes).max().unwrap_or(1).max(1);
+            let piece = (PACKED_JOB_BYTES / widest).max(1);
+            // T > 1 calls write through a buffer of n·tn·16 floats: at most one piece each.
+            let cap = if t > 1 { piece } else { usize::MAX };
+            let runs = Runs::new(all, crate::pool::participants(), piece);
+            crate::pool::for_each(runs.len(), &|home| {
+                while let Some(p) = runs.next(home) {
+                    // A piece may span matrices, and a stolen one may exceed the cap.
+                    let mut g = p.start;
+                    while g < p.end {
+                        let m = (0..ps.len()).rfind(|&m| first[m] <= g).unwrap_or(0);
+                        let end = p.end.min(first[m + 1]).min(g.saturating_add(cap));
+                        task(m, g - first[m], end - g);
+                        g = end;
+                    }
+                }
+            });
+        }
         // The tail rows (fewer than a group): the row kernels, T = 1 bits by construction.
         for (p, out) in ps.iter().zip(outs.iter_mut()) {
             let rows = p.rows();

@@ -1204,6 +1204,64 @@ fn packed_rows_bitwise() {
     }
 }
 
+/// Several matrices in one call (`linear_packed_many_with`: one run of groups over all of
+/// them per thread, pieces that span matrices, tails stolen) give every matrix bitwise what
+/// its own call gives, at any T and thread count (4 runs on fewer workers: stealing).
+#[test]
+fn packed_many_bitwise_per_matrix() {
+    let cols = 544; // 17 blocks: the last pair half zero
+    let shapes = [
+        (QuantType::Q4_1, 37), // 2 groups + 5 tail rows
+        (QuantType::Q8_0, 64),
+        (QuantType::Q4_0, 16),
+        (QuantType::Q4_1, 300),
+    ];
+    let mut rng = Rng(4242);
+    let mats: Vec<PackedQuant> = shapes
+        .iter()
+        .map(|&(ty, rows)| {
+            let q = QuantData {
+                ty,
+                bytes: random_blocks(ty, rows * cols / 32, &mut rng),
+            };
+            PackedQuant::from_ggml(&q, rows, cols).expect("packable")
+        })
+        .collect();
+    let x = random_acts(40 * cols, &mut rng);
+    for threads in [1, 2, 4] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("a rayon pool");
+        pool.install(|| {
+            for prec in Precision::ALL {
+                let k = Kernel::best().with_precision(prec);
+                for t in [1, 2, 5, 8, 17, 40] {
+                    let xs = &x[..t * cols];
+                    for n in 1..=mats.len() {
+                        let ps: Vec<&PackedQuant> = mats[mats.len() - n..].iter().collect();
+                        let mut got: Vec<Vec<f32>> =
+                            ps.iter().map(|p| vec![0.0; t * p.rows()]).collect();
+                        let mut outs: Vec<&mut [f32]> =
+                            got.iter_mut().map(|v| v.as_mut_slice()).collect();
+                        linear_packed_many_with(k, xs, t, &ps, &mut outs);
+                        for (p, g) in ps.iter().zip(&got) {
+                            let mut want = vec![0.0; t * p.rows()];
+                            linear_packed_with(k, xs, t, p, &mut want);
+                            assert!(
+                                bits(g) == bits(&want),
+                                "{prec} T {t}, {threads} threads, {n} matrices: {} × {} differs",
+                                p.ty(),
+                                p.rows()
+                            );
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
 /// Packed linear against `linear_reference` at real shapes (SmolLM2-135M: q/o 576×576, k/v
 /// 192×576, gate/up 1536×576, down 576×1536, the tied Q8_0 LM head 49152×576; a 4096×4096
 /// projection), within the activation-rounding bound.
