@@ -394,28 +394,24 @@ type Args<'a, E> = (
 );
 
 /// Query rows per task, for `per_kv` query rows of each of `n_kv` KV heads on `threads`
-/// threads. About 8 tasks per thread (4 left a thread idle for 10–15% of a 4–8-row verify
-/// pass; 16 lose more to re-reading K/V than they gain in balance, measured with
-/// `verify_cost`), then as many rows per task as allowed; but a task of a whole GQA group
-/// shares its K/V loads between the group's heads (a 3-row task costs about 1.6 one-row
-/// tasks, `attn_bench`), so it is taken when its makespan, rounds of tasks times task cost,
-/// is smaller: a one-row pass on 2 threads runs 3 tasks of 3 rows instead of 9 of one.
-fn rows_per_task(n_kv: usize, per_kv: usize, group: usize, threads: usize) -> usize {
+/// threads: the size of smallest makespan, rounds of tasks times a task's cost. A task reads
+/// each block of its KV head's keys and values once for all its rows (GQA heads and tree rows
+/// together), so a task of r rows costs about 1 + 0.3·(r − 1) one-row tasks (`attn_bench`);
+/// more tasks balance the threads better. A one-row pass on 2 threads thus runs 3 tasks of 3
+/// rows instead of 9 of one, and a 5-row verify pass 6 tasks of up to 8 rows (only the
+/// balanced size, ~8 tasks per thread, or a whole GQA group were candidates before: 15 tasks
+/// of 3; measured by passes alternating in one process, T = 3/5/8 1.5/3/3 % faster, T = 2
+/// and 16 unchanged).
+fn rows_per_task(n_kv: usize, per_kv: usize, threads: usize) -> usize {
     let threads = threads.max(1);
-    let balanced = (n_kv * per_kv / (8 * threads)).clamp(1, MAX_QUERIES);
-    let grouped = group.min(per_kv).clamp(1, MAX_QUERIES);
-    if grouped <= balanced {
-        return balanced;
-    }
     let makespan = |rows: usize| {
         let rounds = (n_kv * per_kv.div_ceil(rows)).div_ceil(threads);
         rounds as f32 * (1.0 + 0.3 * (rows - 1) as f32)
     };
-    if makespan(grouped) < makespan(balanced) {
-        grouped
-    } else {
-        balanced
-    }
+    // The first of equal makespans: the fewer rows per task.
+    (1..=MAX_QUERIES.min(per_kv).max(1))
+        .min_by(|&a, &b| makespan(a).total_cmp(&makespan(b)))
+        .unwrap_or(1)
 }
 
 /// Tasks of up to [`MAX_QUERIES`] query rows of one KV head (GQA heads and tree rows together),
@@ -459,7 +455,7 @@ fn run<L: Lanes, E: KvElem>(
     }
     // Query rows of one KV head: u = i · group + g (tree row i, head kvh · group + g).
     let per_kv = t * group;
-    let rows = rows_per_task(n_kv, per_kv, group, rayon::current_num_threads());
+    let rows = rows_per_task(n_kv, per_kv, rayon::current_num_threads());
     let tasks_per_kv = per_kv.div_ceil(rows);
     // Scores per query row: every key tile up to the last pending row (a row's committed keys
     // at their positions, then its path gathered after them).
@@ -703,12 +699,14 @@ mod tests {
     fn one_row_passes_share_kv_between_gqa_heads_when_it_pays() {
         // SmolLM2 (3 KV heads of 3 query heads), one row: 3 tasks of 3 on 2 threads, but on
         // 64 threads 9 tasks of one (3 tasks would leave 61 threads idle and take longer).
-        assert_eq!(rows_per_task(3, 3, 3, 2), 3);
-        assert_eq!(rows_per_task(3, 3, 3, 64), 1);
+        assert_eq!(rows_per_task(3, 3, 2), 3);
+        assert_eq!(rows_per_task(3, 3, 64), 1);
         // Qwen3.5 (4 KV heads of 4), one row on 4 threads: 4 tasks of 4.
-        assert_eq!(rows_per_task(4, 4, 4, 4), 4);
-        // Long trees keep the balanced size: T = 16 on 2 threads, 144 rows → 8 per task.
-        assert_eq!(rows_per_task(3, 48, 3, 2), 8);
+        assert_eq!(rows_per_task(4, 4, 4), 4);
+        // A 5-row tree on 2 threads, 15 rows per KV head: 2 tasks of up to 8 per head.
+        assert_eq!(rows_per_task(3, 15, 2), 8);
+        // T = 16 on 2 threads, 48 rows per KV head → 8 per task.
+        assert_eq!(rows_per_task(3, 48, 2), 8);
     }
 
     #[test]
