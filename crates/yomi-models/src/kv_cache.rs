@@ -71,7 +71,10 @@ impl KvRows {
     pub fn zeros(dtype: KvDtype, n: usize) -> Self {
         match dtype {
             KvDtype::F32 => KvRows::F32(vec![0.0; n]),
-            KvDtype::F16 => KvRows::F16(vec![f16::ZERO; n]),
+            // `alloc_zeroed`: the OS hands out zero pages lazily, so the unused part of a long
+            // context costs nothing (`vec![f16::ZERO; n]` wrote every byte: f16 is not a type
+            // `vec!` knows to be all-zero bits).
+            KvDtype::F16 => KvRows::F16(bytemuck::zeroed_vec(n)),
         }
     }
 
