@@ -93,28 +93,27 @@ impl Runs {
 
     /// Up to `chunk` items from the front of run `r`.
     fn take_front(&self, r: usize) -> Option<Range<usize>> {
-        let cell = &self.cells[r].0;
-        let mut cur = cell.load(Ordering::Relaxed);
-        loop {
-            let (lo, hi) = unpack(cur);
-            if lo >= hi {
-                return None;
-            }
+        self.take(r, |lo, hi| {
             let end = lo + self.chunk.min(hi - lo);
-            match cell.compare_exchange_weak(
-                cur,
-                pack(end, hi),
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Some(lo as usize..end as usize),
-                Err(now) => cur = now,
-            }
-        }
+            ((end, hi), lo..end)
+        })
     }
 
-    /// Half (rounded up) of what is left of run `r`, from its back; `None` if it is empty.
+    /// Half (rounded up) of what is left of run `r`, from its back.
     fn take_back(&self, r: usize) -> Option<Range<usize>> {
+        self.take(r, |lo, hi| {
+            let start = hi - (hi - lo).div_ceil(2);
+            ((lo, start), start..hi)
+        })
+    }
+
+    /// Cuts a piece off run `r` atomically: `cut(lo, hi)` (lo < hi) gives the run's new bounds
+    /// and the piece; `None` when the run is empty.
+    fn take(
+        &self,
+        r: usize,
+        cut: impl Fn(u32, u32) -> ((u32, u32), Range<u32>),
+    ) -> Option<Range<usize>> {
         let cell = &self.cells[r].0;
         let mut cur = cell.load(Ordering::Relaxed);
         loop {
@@ -122,14 +121,14 @@ impl Runs {
             if lo >= hi {
                 return None;
             }
-            let start = hi - (hi - lo).div_ceil(2);
+            let ((new_lo, new_hi), piece) = cut(lo, hi);
             match cell.compare_exchange_weak(
                 cur,
-                pack(lo, start),
+                pack(new_lo, new_hi),
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return Some(start as usize..hi as usize),
+                Ok(_) => return Some(piece.start as usize..piece.end as usize),
                 Err(now) => cur = now,
             }
         }
