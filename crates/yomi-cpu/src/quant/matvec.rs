@@ -3,8 +3,9 @@
 //! 1. The T activation rows are quantized once per call, at the kernel's [`Precision`]
 //!    (pairs of 32-blocks for Q8_0/Q4_0/Q4_1, 256-blocks for the K-quants; each row starts a
 //!    new unit) into a thread-local scratch of the calling thread.
-//! 2. Output rows are split over the rayon pool in tasks of [`ROWS_PER_TASK`] weight rows; each
-//!    weight row is read from memory once for all T activation rows.
+//! 2. Output rows are split over the pool in chunks of [`ROWS_PER_TASK`] weight rows (one run
+//!    of chunks per thread with the tails stolen for T = 1, tasks claimed in turn for T > 1);
+//!    each weight row is read from memory once for all T activation rows.
 //! 3. For T > 1 (with [`Kernel::row_tiling`], the default) a task walks the activation rows in
 //!    cache tiles of about [`ACT_TILE_BYTES`] (so a tile stays in L1 while every weight row of
 //!    the task passes over it, and the task's weight rows stay in L1/L2 between tiles), and
@@ -166,25 +167,33 @@ fn run<A: ActBlock>(
 ) {
     let ty = q.ty;
     let row_bytes = cols / ty.block_size() * ty.type_size();
-    let min_len = (MIN_BYTES_PER_JOB / (ROWS_PER_TASK * row_bytes).max(1)).max(1);
     let act = |t0: usize, t1: usize| A::row(&acts[t0 * nb..t1 * nb]);
     if t == 1 {
-        // One contiguous run of rows per thread: it streams the weights faster than many short
-        // items claimed in turn (Q4_K, 63 MB of 2048/6144-wide matrices on a Zen 4 VM with 2
-        // threads: −23 %). Passes of several rows are compute-bound and keep the short items
-        // (an even split measured 4–7 % slower there).
+        // One contiguous run of 16-row chunks per thread, with the tails stolen, as in
+        // `packed_run`: it streams the weights faster than many short items claimed in turn
+        // (Q4_K, 63 MB of 2048/6144-wide matrices on a Zen 4 VM with 2 threads: an even split
+        // −23 %, stealing its tails another 0.5–3.6 %). Passes of several rows are
+        // compute-bound and keep the short items (an even split measured 4–7 % slower there).
         let chunks = rows.div_ceil(ROWS_PER_TASK);
-        let per = even_job(chunks, crate::pool::participants(), usize::MAX, min_len);
+        let piece = (PACKED_JOB_BYTES / (ROWS_PER_TASK * row_bytes).max(1)).max(1);
+        let runs = Runs::new(chunks, crate::pool::participants(), piece);
         let a = act(0, 1);
-        crate::pool::for_each_chunk_mut(out, ROWS_PER_TASK, per, |ci, chunk| {
-            for (k, o) in chunk.iter_mut().enumerate() {
-                let r = ci * ROWS_PER_TASK + k;
-                prefetch(q, r * row_bytes, (r + 1) * row_bytes);
-                *o = kernel.dot(ty, q.row(cols, r), a);
+        let base = crate::pool::SendPtr(out.as_mut_ptr());
+        crate::pool::for_each(runs.len(), &|home| {
+            while let Some(p) = runs.next(home) {
+                let (r0, r1) = (p.start * ROWS_PER_TASK, (p.end * ROWS_PER_TASK).min(rows));
+                // SAFETY: outputs r0..r1 (inside `out`: r1 ≤ rows) belong to this piece only
+                // ([`Runs`] hands out each chunk once); `out` is borrowed mutably for the call.
+                let o = unsafe { std::slice::from_raw_parts_mut(base.get().add(r0), r1 - r0) };
+                for (r, o) in (r0..r1).zip(o) {
+                    prefetch(q, r * row_bytes, (r + 1) * row_bytes);
+                    *o = kernel.dot(ty, q.row(cols, r), a);
+                }
             }
         });
         return;
     }
+    let min_len = (MIN_BYTES_PER_JOB / (ROWS_PER_TASK * row_bytes).max(1)).max(1);
     // Activation rows per cache tile (at least one register tile; all of them when T is small).
     let unit_bytes = std::mem::size_of::<A>() * nb;
     let tile = (ACT_TILE_BYTES / unit_bytes.max(1) / ACT_TILE_ROUND * ACT_TILE_ROUND)
@@ -290,13 +299,6 @@ pub fn linear_packed_many_with(
         Precision::Int8 => packed_run(&ACT_Q8, kernel, x, t, ps, outs),
         Precision::Int8x2 => packed_run(&ACT_Q8X2, kernel, x, t, ps, outs),
     }
-}
-
-/// Items (groups of 16 rows) per job when `groups` items are cut into a multiple of `threads`
-/// runs of equal length, each at most `cap` items (≥ 1) and at least `min_len` items.
-fn even_job(groups: usize, threads: usize, cap: usize, min_len: usize) -> usize {
-    let runs = groups.div_ceil(cap.max(1)).div_ceil(threads).max(1) * threads;
-    groups.div_ceil(runs).max(min_len).max(1)
 }
 
 fn packed_run<A: Act32>(
