@@ -30,9 +30,16 @@ const fn unpack(v: u64) -> (u32, u32) {
     (v as u32, (v >> 32) as u32)
 }
 
+/// Runs kept inline, without a heap allocation: a pass makes one `Runs` per linear layer
+/// (hundreds per token), and machines of up to this many threads need no allocation at all.
+const INLINE: usize = 8;
+
 /// The runs of one loop (see the module notes).
 pub struct Runs {
-    cells: Vec<Cell>,
+    /// The first `n` cells hold the runs, unless `heap` does (more than [`INLINE`] runs).
+    inline: [Cell; INLINE],
+    heap: Vec<Cell>,
+    n: usize,
     chunk: u32,
 }
 
@@ -41,34 +48,55 @@ impl Runs {
     /// pieces of at most `chunk` (≥ 1) items from the front of each. `total` must fit a u32.
     pub fn new(total: usize, runs: usize, chunk: usize) -> Runs {
         let total = u32::try_from(total).expect("steal::Runs: more than 2³² items");
-        let runs = runs.max(1) as u64;
-        let cells = (0..runs)
-            .map(|r| {
-                let lo = (total as u64 * r / runs) as u32;
-                let hi = (total as u64 * (r + 1) / runs) as u32;
-                Cell(AtomicU64::new(pack(lo, hi)))
-            })
-            .collect();
+        let n = runs.max(1);
+        let cell = |r: usize| {
+            let (r, runs) = (r as u64, n as u64);
+            let lo = (total as u64 * r / runs) as u32;
+            let hi = (total as u64 * (r + 1) / runs) as u32;
+            Cell(AtomicU64::new(pack(lo, hi)))
+        };
+        let inline = std::array::from_fn(|r| {
+            if r < n {
+                cell(r)
+            } else {
+                Cell(AtomicU64::new(0))
+            }
+        });
+        let heap = if n > INLINE {
+            (0..n).map(cell).collect()
+        } else {
+            Vec::new()
+        };
         Runs {
-            cells,
+            inline,
+            heap,
+            n,
             chunk: chunk.clamp(1, u32::MAX as usize) as u32,
+        }
+    }
+
+    fn cells(&self) -> &[Cell] {
+        if self.n > INLINE {
+            &self.heap
+        } else {
+            &self.inline[..self.n]
         }
     }
 
     /// Number of runs.
     pub fn len(&self) -> usize {
-        self.cells.len()
+        self.n
     }
 
     /// Always false: there is at least one run.
     pub fn is_empty(&self) -> bool {
-        self.cells.is_empty()
+        self.n == 0
     }
 
     /// The next piece for the participant whose run is `home`: the front of its own run, or
     /// else half of another run's remainder, from its back. `None` once every run is empty.
     pub fn next(&self, home: usize) -> Option<Range<usize>> {
-        let n = self.cells.len();
+        let (cells, n) = (self.cells(), self.n);
         let home = home % n;
         if let Some(r) = self.take_front(home) {
             return Some(r);
@@ -78,7 +106,7 @@ impl Runs {
             let (victim, left) = (0..n)
                 .filter(|&v| v != home)
                 .map(|v| {
-                    let (lo, hi) = unpack(self.cells[v].0.load(Ordering::Relaxed));
+                    let (lo, hi) = unpack(cells[v].0.load(Ordering::Relaxed));
                     (v, hi.saturating_sub(lo))
                 })
                 .max_by_key(|&(v, left)| (left, std::cmp::Reverse(v)))?;
@@ -114,7 +142,7 @@ impl Runs {
         r: usize,
         cut: impl Fn(u32, u32) -> ((u32, u32), Range<u32>),
     ) -> Option<Range<usize>> {
-        let cell = &self.cells[r].0;
+        let cell = &self.cells()[r].0;
         let mut cur = cell.load(Ordering::Relaxed);
         loop {
             let (lo, hi) = unpack(cur);
@@ -180,6 +208,8 @@ mod tests {
             (1000, 4, 3, 4),
             (1000, 4, 3, 2),
             (5000, 8, 16, 8),
+            (2000, 12, 5, 4), // more runs than are kept inline
+            (100, 9, 1, 3),
             (3072, 2, 2, 2),
         ] {
             for _ in 0..20 {
