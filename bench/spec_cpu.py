@@ -91,11 +91,15 @@ def main():
         if a.draft_budget or a.baseline or a.record:
             sys.exit("spec_cpu.py: --in-process runs yomi's default budget on one build and records "
                      "nothing; drop --draft-budget, --baseline and --record")
+        spec_ab = pathlib.Path("target/release/examples/spec_ab")
+        if not spec_ab.exists():
+            sys.exit(f"spec_cpu.py: {spec_ab} is missing; build it first with "
+                     "`cargo build --release -p yomi-engine --example spec_ab`")
         import tempfile
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(PROMPTS, f)
         try:
-            subprocess.run(["target/release/examples/spec_ab", model, f.name, str(a.runs),
+            subprocess.run([str(spec_ab), model, f.name, str(a.runs),
                             str(a.max_tokens)], check=True)
         finally:
             pathlib.Path(f.name).unlink()

@@ -3,9 +3,11 @@
 //! 1. The T activation rows are quantized once per call, at the kernel's [`Precision`]
 //!    (pairs of 32-blocks for Q8_0/Q4_0/Q4_1, 256-blocks for the K-quants; each row starts a
 //!    new unit) into a thread-local scratch of the calling thread.
-//! 2. Output rows are split over the pool in chunks of [`ROWS_PER_TASK`] weight rows (one run
-//!    of chunks per thread with the tails stolen for T = 1, tasks claimed in turn for T > 1);
-//!    each weight row is read from memory once for all T activation rows.
+//! 2. Output rows are split over the pool: the packed layouts in one run of 16-row groups per
+//!    thread over all of a call's matrices, with the tails stolen ([`crate::steal`]), at every
+//!    T; the row kernels in chunks of [`ROWS_PER_TASK`] weight rows, the same way for T = 1
+//!    and as tasks claimed in turn for T > 1. Each weight row is read from memory once for all
+//!    T activation rows.
 //! 3. For T > 1 (with [`Kernel::row_tiling`], the default) a task walks the activation rows in
 //!    cache tiles of about [`ACT_TILE_BYTES`] (so a tile stays in L1 while every weight row of
 //!    the task passes over it, and the task's weight rows stay in L1/L2 between tiles), and
