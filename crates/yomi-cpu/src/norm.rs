@@ -18,7 +18,7 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// Σ x² in [`LANES`] interleaved partial sums (lane i adds x[i], x[i + 16], …, each in order),
+/// Σ x² in 16 interleaved partial sums (lane i adds `x[i]`, `x[i + 16]`, …, each in order),
 /// then the lanes and the tail in a fixed order. One running sum was a chain of dependent
 /// adds (~4 cycles per value: 0.6 µs for a 576-wide row, ~1.3 % of a verify pass on the
 /// submitting thread); 16 independent lanes vectorise on any x86-64 and give the same bits on
