@@ -51,6 +51,8 @@ pub struct Engine {
     pool: rayon::ThreadPool,
     /// One-row pass times by thread count, carried from request to request (CPU only).
     pub(crate) one_row: std::sync::Mutex<Option<crate::one_row_threads::OneRowThreads>>,
+    /// The verify-pass cost fit, carried from request to request ([`crate::pass_cost`]).
+    pub(crate) pass_cost: std::sync::Mutex<crate::pass_cost::PassCost>,
 }
 
 impl Engine {
@@ -107,6 +109,7 @@ impl Engine {
             path: path.to_path_buf(),
             pool,
             one_row: std::sync::Mutex::new(None),
+            pass_cost: std::sync::Mutex::new(Default::default()),
         })
     }
 

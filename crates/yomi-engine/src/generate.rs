@@ -158,43 +158,6 @@ impl GenerateHooks for NoHooks {}
 /// Receives streamed text; returning false cancels generation.
 pub type OnText<'a> = dyn FnMut(&str) -> bool + Send + 'a;
 
-/// Verify-pass times fitted as time ≈ a + b · (T − 1) by least squares over a decaying window;
-/// b / a, what one more row costs relative to a one-row pass, sizes the drafter's trees.
-#[derive(Default)]
-struct PassCost {
-    n: f64,
-    x: f64,
-    xx: f64,
-    t: f64,
-    xt: f64,
-}
-
-impl PassCost {
-    /// Weight of the past per pass (a window of about 20 passes).
-    const DECAY: f64 = 0.95;
-
-    fn add(&mut self, rows: usize, secs: f64) {
-        let x = rows.saturating_sub(1) as f64;
-        let d = Self::DECAY;
-        self.n = d * self.n + 1.0;
-        self.x = d * self.x + x;
-        self.xx = d * self.xx + x * x;
-        self.t = d * self.t + secs;
-        self.xt = d * self.xt + x * secs;
-    }
-
-    /// b / a, once passes of different sizes have been seen.
-    fn row_cost(&self) -> Option<f32> {
-        let var = self.n * self.xx - self.x * self.x;
-        if self.n < 2.0 || var <= 1e-6 * self.n * self.n {
-            return None;
-        }
-        let b = (self.n * self.xt - self.x * self.t) / var;
-        let a = (self.t - b * self.x) / self.n;
-        (a > 0.0).then(|| (b.max(0.0) / a) as f32)
-    }
-}
-
 /// Where the generate loop starts: a reset state (`keep_prefix` false) or the state's
 /// committed prefix of the prompt.
 struct Resume<'a> {
@@ -470,7 +433,12 @@ impl Engine {
             return Ok((out.ids, out.text, FinishReason::Length, cached));
         }
         let mut draft = DraftTree::with_capacity(MAX_DRAFT_BUDGET + 1);
-        let mut cost = PassCost::default();
+        // The pass-cost fit of earlier requests (the device's, see `pass_cost`).
+        let mut cost = self
+            .pass_cost
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         // One-row passes on the CPU run on one thread or all, whichever measures faster, with
         // the measurements of earlier requests (an accelerator's passes, and the host loops
         // around them, keep every thread).
@@ -504,8 +472,9 @@ impl Engine {
                     .min(room - 1)
                     .min(model.max_tree_rows() - 1);
                 if max_depth > 0 {
-                    if let Some(r) = cost.row_cost() {
+                    if let Some((r, g)) = cost.model() {
                         d.set_row_cost(r);
+                        d.set_row_cost_growth(g);
                     }
                     d.propose(&out.context, max_drafts, &mut draft);
                     if draft.root() != Some(next) {
@@ -577,6 +546,9 @@ impl Engine {
         }
         if one_row.is_some() {
             *self.one_row.lock().unwrap_or_else(|e| e.into_inner()) = one_row;
+        }
+        if out.drafting {
+            *self.pass_cost.lock().unwrap_or_else(|e| e.into_inner()) = cost;
         }
         let mut finish = finish.unwrap_or(FinishReason::Length);
         // Text held back (an incomplete character) comes out unless a stop string or the

@@ -6,6 +6,7 @@ pub mod generate;
 mod gguf_model;
 mod gguf_spm;
 mod one_row_threads;
+mod pass_cost;
 pub mod perplexity;
 pub mod prefix_cache;
 pub mod stats;

@@ -12,10 +12,11 @@
 //!
 //! `--costs 1,1.01,1.1,…` charges a pass of T rows the T-th value instead (pass times relative
 //! to a one-row pass, as `verify_cost` prints them; past the list's end its last step
-//! continues), while the drafter is still told `--r`, as the engine tells it its linear fit.
+//! continues), while the drafter is still told `--r` (and `--growth`), as the engine tells it
+//! its fit. Without `--costs` a pass of n drafts costs 1 + r·n + growth·n².
 //!
-//! cargo run --release -p yomi-spec --example replay -- [--r 0.25] [--budget 16] [--costs LIST]
-//! FILE...
+//! cargo run --release -p yomi-spec --example replay -- [--r 0.25] [--growth 0] [--budget 16]
+//! [--costs LIST] FILE...
 
 use std::process::ExitCode;
 
@@ -32,6 +33,8 @@ struct Replay {
 /// How passes are charged (the drafter is told `r`).
 struct Costs {
     r: f32,
+    /// What the drafter is told of the curve's bend ([`Drafter::set_row_cost_growth`]).
+    growth: f32,
     /// Pass time by rows (index T − 1), relative to one row; empty: 1 + r · drafts.
     curve: Vec<f32>,
 }
@@ -40,7 +43,8 @@ impl Costs {
     fn pass(&self, drafts: usize) -> f64 {
         let c = &self.curve;
         if c.is_empty() {
-            return 1.0 + self.r as f64 * drafts as f64;
+            let n = drafts as f64;
+            return 1.0 + self.r as f64 * n + self.growth as f64 * n * n;
         }
         let last = c.len() - 1;
         if drafts <= last {
@@ -54,6 +58,7 @@ impl Costs {
 fn replay(prompt: &[u32], output: &[u32], costs: &Costs, budget: usize) -> Replay {
     let mut d = SuffixDrafter::new(config());
     d.set_row_cost(costs.r);
+    d.set_row_cost_growth(costs.growth);
     let mut context: Vec<u32> = prompt.to_vec();
     context.push(output[0]);
     let mut draft = DraftTree::new();
@@ -161,6 +166,7 @@ fn ids(line: &str) -> Result<Vec<u32>, String> {
 
 fn main() -> ExitCode {
     let mut r = 0.25f32;
+    let mut growth = 0.0f32;
     let mut budget = 16usize;
     let mut curve = Vec::new();
     let mut files = Vec::new();
@@ -168,6 +174,7 @@ fn main() -> ExitCode {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--r" => r = args.next().and_then(|v| v.parse().ok()).unwrap_or(r),
+            "--growth" => growth = args.next().and_then(|v| v.parse().ok()).unwrap_or(growth),
             "--budget" => budget = args.next().and_then(|v| v.parse().ok()).unwrap_or(budget),
             "--costs" => {
                 let list = args.next().unwrap_or_default();
@@ -182,11 +189,12 @@ fn main() -> ExitCode {
             _ => files.push(a),
         }
     }
-    let costs = Costs { r, curve };
-    let model = if costs.curve.is_empty() {
-        format!("r = {r}")
-    } else {
-        format!("the cost curve, drafter told r = {r}")
+    let costs = Costs { r, growth, curve };
+    let model = match (costs.curve.is_empty(), growth > 0.0) {
+        (true, false) => format!("r = {r}"),
+        (true, true) => format!("1 + {r}·n + {growth}·n² for n drafts"),
+        (false, false) => format!("the cost curve, drafter told r = {r}"),
+        (false, true) => format!("the cost curve, drafter told r = {r}, g = {growth}"),
     };
     println!("| file | tokens | tokens/pass | drafted/pass | predicted speed-up at {model} |");
     println!("|---|---|---|---|---|");

@@ -40,6 +40,14 @@ pub trait Drafter: Send {
     /// caller measured it on this device and model (0 = free, 1 = as much as the pass). A
     /// drafter may use it to size its trees; the default ignores it.
     fn set_row_cost(&mut self, _relative: f32) {}
+
+    /// Tells the drafter how much faster than linearly a pass's cost grows with its rows: a
+    /// pass with n drafts costs about 1 + r·n + g·n² one-row passes, r from
+    /// [`set_row_cost`](Self::set_row_cost) and g here (0, the default, is a line). On a CPU,
+    /// where extra rows are multiplies rather than weight reads, the curve bends up (bigger
+    /// register tiles spill, attention grows with the rows), so a line fitted through the
+    /// usual 3–8-row passes undercharges a 16-row tree. The default ignores it.
+    fn set_row_cost_growth(&mut self, _growth: f32) {}
 }
 
 /// The acceptance walk over precomputed per-row samples (`samples[r]` is the target's draw at

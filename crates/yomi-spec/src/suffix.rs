@@ -29,9 +29,10 @@
 //! 2–3-token match continued 47% of the time, an 8–15-token one 90%, a 16+-token one 97%. The
 //! match length counts beyond the matching cap (up to 256) for this. The drafter
 //! takes nodes best first — a child never scores above its parent, so the pick is a subtree —
-//! while each one raises the expected tokens per unit of verify cost, (1 + Σ p) / (1 + c · n)
-//! for n drafts whose extra rows cost c each relative to a one-row pass (the engine measures c:
-//! [`Drafter::set_row_cost`]), and writes them in depth-first preorder, most frequent child first.
+//! while each one raises the expected tokens per unit of verify cost, (1 + Σ p) / C(n) with
+//! C(n) = 1 + c·n + g·n² for n drafts, relative to a one-row pass (the engine measures c and g:
+//! [`Drafter::set_row_cost`], [`Drafter::set_row_cost_growth`]), and writes them in
+//! depth-first preorder, most frequent child first.
 //!
 //! **Edits.** Where the target keeps making the same edit to the text it copies (a rename),
 //! the drafter learns it ([`Substitutions`]): drafts carry the edit, and the context is matched
@@ -464,8 +465,10 @@ pub struct SuffixDrafter {
     subs: Substitutions,
     last_rows: Vec<(u32, i32, u32)>,
     last_ctx: usize,
-    // Cost model and acceptance estimates.
+    // Cost model (a pass with n drafts costs 1 + row_cost·n + row_cost_growth·n²) and
+    // acceptance estimates.
     row_cost: f32,
+    row_cost_growth: f32,
     /// Per match-length class: decayed accepted drafts and trials (accepted drafts plus
     /// rejections) of drafts proposed after a match of that length.
     succ: [f32; CLASSES],
@@ -508,6 +511,7 @@ impl SuffixDrafter {
             last_rows: Vec::new(),
             last_ctx: 0,
             row_cost: cfg.row_cost,
+            row_cost_growth: 0.0,
             succ: [0.0; CLASSES],
             trials: [0.0; CLASSES],
             reach: Vec::new(),
@@ -628,8 +632,8 @@ impl SuffixDrafter {
     /// writes the nodes worth verifying into `out` (already reset to the root): best first by
     /// estimated acceptance probability p = frequency × reach(depth), where reach(d) is the
     /// product of the continuation estimates at match lengths `len`, …, `len` + d − 1, while a
-    /// node raises the expected tokens per unit of verify cost, (1 + Σp) / (1 + row_cost ·
-    /// drafts), up to `budget` nodes. A probe takes the best `probe` nodes regardless of cost.
+    /// node raises the expected tokens per unit of verify cost, (1 + Σp) / C(drafts) (see
+    /// [`pass_cost`](Self::pass_cost)), up to `budget` nodes. A probe takes the best `probe` nodes regardless of cost.
     /// Returns the drafts written.
     fn build(&mut self, len: usize, budget: usize, probe: usize, out: &mut DraftTree) -> usize {
         let mut reach = std::mem::take(&mut self.reach);
@@ -638,10 +642,17 @@ impl SuffixDrafter {
         for d in 1..=budget {
             reach.push(reach[d - 1] * self.continue_estimate(len + d - 1));
         }
-        let r = self.row_cost;
-        let chosen = self.select(&reach, budget, probe, r, out);
+        let cost = (self.row_cost, self.row_cost_growth);
+        let chosen = self.select(&reach, budget, probe, cost, out);
         self.reach = reach;
         chosen
+    }
+
+    /// C(n) = 1 + r·n + g·n²: a pass with `n` drafts relative to a one-row pass, for the cost
+    /// model `(r, g)`.
+    fn pass_cost((r, g): (f32, f32), n: usize) -> f32 {
+        let n = n as f32;
+        1.0 + r * n + g * n * n
     }
 
     /// [`build`](Self::build) with the reach per depth computed.
@@ -650,7 +661,7 @@ impl SuffixDrafter {
         reach: &[f32],
         budget: usize,
         probe: usize,
-        r: f32,
+        cost: (f32, f32),
         out: &mut DraftTree,
     ) -> usize {
         let Self {
@@ -758,8 +769,11 @@ impl SuffixDrafter {
                 break;
             };
             let p = f32::from_bits(bits);
-            // Adding a row of probability p pays iff p / r ≥ expected / (1 + r · chosen).
-            if chosen >= probe && p * (1.0 + r * chosen as f32) < r * expected {
+            // Adding a row of probability p pays iff (expected + p) / C(chosen + 1) ≥
+            // expected / C(chosen), i.e. p · C(chosen) ≥ expected · (C(chosen + 1) − C(chosen)),
+            // the step being r + g·(2·chosen + 1) (exactly r on a line).
+            let step = cost.0 + cost.1 * (2 * chosen + 1) as f32;
+            if chosen >= probe && p * Self::pass_cost(cost, chosen) < step * expected {
                 break;
             }
             heap.pop();
@@ -910,6 +924,12 @@ impl Drafter for SuffixDrafter {
     fn set_row_cost(&mut self, relative: f32) {
         if relative.is_finite() {
             self.row_cost = relative.clamp(0.0, 16.0);
+        }
+    }
+
+    fn set_row_cost_growth(&mut self, growth: f32) {
+        if growth.is_finite() {
+            self.row_cost_growth = growth.clamp(0.0, 4.0);
         }
     }
 }
@@ -1360,5 +1380,49 @@ mod tests {
         fresh.set_row_cost(1.0);
         fresh.propose(&ctx, 16, &mut t);
         assert_eq!(t.num_drafts(), 0);
+    }
+
+    /// A pass cost that bends up (1 + r·n + g·n²) cuts deep trees short where a line of the
+    /// same first step lets them grow, and the tree is exactly the one that maximises the
+    /// expected tokens per unit of cost among the greedy prefixes.
+    #[test]
+    fn row_cost_growth_shortens_deep_trees() {
+        let period = [1, 2, 3, 4, 5, 6, 7, 8, 9];
+        let ctx: Vec<u32> = (0..90).map(|i| period[i % 9]).collect();
+        let mut d = drafter(SuffixConfig::default());
+        let mut t = DraftTree::new();
+        for i in 0..40 {
+            d.propose(&ctx, 16, &mut t);
+            let n = t.num_drafts();
+            d.observe(if i % 10 == 0 { 0 } else { n }, n);
+        }
+        d.set_row_cost(0.15);
+        let mut sizes = Vec::new();
+        for growth in [0.0, 0.01, 0.03, 0.1] {
+            d.set_row_cost_growth(growth);
+            d.propose(&ctx, 16, &mut t);
+            t.check().unwrap();
+            sizes.push(t.num_drafts());
+        }
+        assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "{sizes:?}");
+        assert!(sizes[3] < sizes[0], "{sizes:?}");
+        // The chosen chain (a period: one path) against every other depth, by the drafter's own
+        // per-depth reach: no other length gives more expected tokens per unit of cost.
+        d.set_row_cost_growth(0.03);
+        d.propose(&ctx, 16, &mut t);
+        let chosen = t.num_drafts();
+        assert_eq!(t.max_depth() as usize, chosen, "a chain");
+        // `reach[n]`: the probability that the copy reaches depth n (every occurrence
+        // continues alike, so that is each chain node's score).
+        let mut rate = Vec::new();
+        let mut expected = 1.0f32;
+        for n in 1..=16 {
+            expected += d.reach[n];
+            rate.push(expected / SuffixDrafter::pass_cost((0.15, 0.03), n));
+        }
+        let best = (1..=16)
+            .max_by(|&a, &b| rate[a - 1].total_cmp(&rate[b - 1]))
+            .unwrap_or(0);
+        assert_eq!(chosen, best, "rates by depth {rate:?}");
     }
 }
