@@ -4,9 +4,9 @@
 //! Pass times are fitted as t ≈ a + b·x + c·x² (x = T − 1, the pass's drafts) by least squares
 //! over a decaying window; the drafter is told b / a, what one more row costs relative to a
 //! one-row pass, and c / a, how fast that grows. On the CPU the curve bends up: SmolLM2 on the
-//! 2-core Zen 4 VM, 600 tokens in, cost 1.15 / 1.65 / 2.49 / 3.83 / 7.22 one-row passes at
-//! T = 2 / 4 / 6 / 8 / 16, so a line through the usual 3–8-row passes overpaid for deep trees
-//! (see bench/RESULTS.md). The bend is dropped (a line) while the window holds too few
+//! 2-core Zen 4 VM, 600 tokens in, cost 1.15 / 1.65 / 2.97 / 3.83 / 7.22 one-row passes at
+//! T = 2 / 4 / 6 / 8 / 16, so a line through the usual 3–8-row passes undercharged deep trees
+//! (see bench/RESULTS.md, fourteenth session). The bend is dropped (a line) while the window holds too few
 //! distinct sizes to fit it, or when the fit bends down or starts with a negative slope: noise,
 //! or a device whose first extra rows are nearly free.
 //!

@@ -633,8 +633,8 @@ impl SuffixDrafter {
     /// estimated acceptance probability p = frequency × reach(depth), where reach(d) is the
     /// product of the continuation estimates at match lengths `len`, …, `len` + d − 1, while a
     /// node raises the expected tokens per unit of verify cost, (1 + Σp) / C(drafts) (see
-    /// [`pass_cost`](Self::pass_cost)), up to `budget` nodes. A probe takes the best `probe` nodes regardless of cost.
-    /// Returns the drafts written.
+    /// [`pass_cost`](Self::pass_cost)), up to `budget` nodes. A probe takes the best `probe`
+    /// nodes regardless of cost. Returns the drafts written.
     fn build(&mut self, len: usize, budget: usize, probe: usize, out: &mut DraftTree) -> usize {
         let mut reach = std::mem::take(&mut self.reach);
         reach.clear();
