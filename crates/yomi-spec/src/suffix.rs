@@ -1350,18 +1350,24 @@ mod tests {
         assert!(t.num_drafts() >= 10, "{}", t.num_drafts());
     }
 
-    #[test]
-    fn row_cost_sizes_the_tree() {
+    /// A context repeating a 9-token period, and a drafter that has learned from 40 rounds on
+    /// it that its drafts are usually right (9 of 10 rounds fully accepted).
+    fn trained_on_a_period() -> (SuffixDrafter, Vec<u32>, DraftTree) {
         let period = [1, 2, 3, 4, 5, 6, 7, 8, 9];
         let ctx: Vec<u32> = (0..90).map(|i| period[i % 9]).collect();
         let mut d = drafter(SuffixConfig::default());
         let mut t = DraftTree::new();
-        // Learn that drafts are usually right (9 of 10 rounds fully accepted).
         for i in 0..40 {
             d.propose(&ctx, 16, &mut t);
             let n = t.num_drafts();
             d.observe(if i % 10 == 0 { 0 } else { n }, n);
         }
+        (d, ctx, t)
+    }
+
+    #[test]
+    fn row_cost_sizes_the_tree() {
+        let (mut d, ctx, mut t) = trained_on_a_period();
         let a = d.continue_estimate(ctx.len());
         assert!(a > 0.8, "{a}");
         let mut sizes = Vec::new();
@@ -1387,15 +1393,7 @@ mod tests {
     /// expected tokens per unit of cost among the greedy prefixes.
     #[test]
     fn row_cost_growth_shortens_deep_trees() {
-        let period = [1, 2, 3, 4, 5, 6, 7, 8, 9];
-        let ctx: Vec<u32> = (0..90).map(|i| period[i % 9]).collect();
-        let mut d = drafter(SuffixConfig::default());
-        let mut t = DraftTree::new();
-        for i in 0..40 {
-            d.propose(&ctx, 16, &mut t);
-            let n = t.num_drafts();
-            d.observe(if i % 10 == 0 { 0 } else { n }, n);
-        }
+        let (mut d, ctx, mut t) = trained_on_a_period();
         d.set_row_cost(0.15);
         let mut sizes = Vec::new();
         for growth in [0.0, 0.01, 0.03, 0.1] {
