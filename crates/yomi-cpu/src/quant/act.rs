@@ -554,7 +554,7 @@ pub fn quantize_rows<A: ActBlock>(x: &[f32], cols: usize, out: &mut Vec<A>) {
 pub const PARALLEL_MIN_VALUES: usize = 1024;
 
 /// [`quantize_rows`] into units already sized, on this thread.
-fn quantize_into<A: ActBlock>(x: &[f32], cols: usize, out: &mut [A]) {
+pub(crate) fn quantize_into<A: ActBlock>(x: &[f32], cols: usize, out: &mut [A]) {
     if A::quantize_rows_fast(x, cols, out) {
         return;
     }

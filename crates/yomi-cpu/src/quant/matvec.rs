@@ -2,7 +2,9 @@
 //!
 //! 1. The T activation rows are quantized once per call, at the kernel's [`Precision`]
 //!    (pairs of 32-blocks for Q8_0/Q4_0/Q4_1, 256-blocks for the K-quants; each row starts a
-//!    new unit) into a thread-local scratch of the calling thread.
+//!    new unit) into a thread-local scratch of the calling thread; on the packed path by the
+//!    participants of the weight loop itself, before they read it (one fork and join per
+//!    call, not two: [`super::act_shared`]).
 //! 2. Output rows are split over the pool: the packed layouts in one run of 16-row groups per
 //!    thread over all of a call's matrices, with the tails stolen ([`crate::steal`]), at every
 //!    T; the row kernels in chunks of [`ROWS_PER_TASK`] weight rows, the same way for T = 1
@@ -29,6 +31,7 @@ use std::thread::LocalKey;
 use super::act::{
     Act32, ActBlock, BlockQ8K, BlockQ8Kx2, PairQ8, PairQ8x2, quantize_rows, units_per_row,
 };
+use super::act_shared::SharedQuantize;
 use super::packed::{GROUP, PackedQuant};
 use super::{Kernel, Precision, QuantData};
 use crate::steal::Runs;
@@ -319,8 +322,9 @@ fn packed_run<A: Act32>(
     }
     let groups = &groups[..ps.len()];
     with_scratch(key, |acts| {
-        quantize_rows(x, cols, acts);
-        let acts = &acts[..];
+        // The input is quantized by the loop's participants before they read it
+        // ([`SharedQuantize`]; by the tail below when there is no loop).
+        let shared = SharedQuantize::new(x, cols, acts);
         let unit_bytes = std::mem::size_of::<A>() * nb;
         // With AMX, a tile is 16 rows (one tile product) whatever the row size: the tile
         // instructions' fixed cost per block wants the tallest tiles.
@@ -347,7 +351,7 @@ fn packed_run<A: Act32>(
         // same piece (a separate transpose pass cost a second fork and join per call and ~2 %
         // of a verify pass). The kernels prefetch the weight stream themselves, a block at a
         // time (see `packed::x86`), rather than the piece's whole range up front.
-        let task = |m: usize, g0: usize, n: usize| {
+        let task = |acts: &[A], m: usize, g0: usize, n: usize| {
             let p = ps[m];
             let rows = p.rows();
             let w = p.group_bytes(g0, g0 + n);
@@ -408,19 +412,21 @@ fn packed_run<A: Act32>(
             let cap = if t > 1 { piece } else { usize::MAX };
             let runs = Runs::new(all, crate::pool::participants(), piece);
             crate::pool::for_each(runs.len(), &|home| {
+                let acts = shared.quantize_and_wait();
                 while let Some(p) = runs.next(home) {
                     // A piece may span matrices, and a stolen one may exceed the cap.
                     let mut g = p.start;
                     while g < p.end {
                         let m = (0..ps.len()).rfind(|&m| first[m] <= g).unwrap_or(0);
                         let end = p.end.min(first[m + 1]).min(g.saturating_add(cap));
-                        task(m, g - first[m], end - g);
+                        task(acts, m, g - first[m], end - g);
                         g = end;
                     }
                 }
             });
         }
         // The tail rows (fewer than a group): the row kernels, T = 1 bits by construction.
+        let acts = shared.quantize_and_wait();
         for (p, out) in ps.iter().zip(outs.iter_mut()) {
             let rows = p.rows();
             for r in p.groups() * GROUP..rows {

@@ -40,6 +40,7 @@
 //! [`Kernel::with_row_tiling`] selects the untiled path (same bits, for measurements).
 
 pub mod act;
+mod act_shared;
 #[cfg(target_arch = "x86_64")]
 mod act_x86;
 #[cfg(target_arch = "x86_64")]
