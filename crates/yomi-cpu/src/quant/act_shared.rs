@@ -74,6 +74,10 @@ impl<'a, A: ActBlock> SharedQuantize<'a, A> {
             if c >= self.chunks {
                 break;
             }
+            // Counted when this iteration ends, also by a panic (which the pool then raises
+            // on the caller): a participant waiting below never waits for a chunk that will
+            // not come.
+            let _done = Done(&self.done);
             let r0 = c * self.rows_per_chunk;
             let r1 = (r0 + self.rows_per_chunk).min(self.rows);
             // SAFETY: chunk c is claimed once (the counter hands out each index once), so rows
@@ -86,14 +90,24 @@ impl<'a, A: ActBlock> SharedQuantize<'a, A> {
                 )
             };
             quantize_into(&self.x[r0 * self.cols..r1 * self.cols], self.cols, o);
-            self.done.fetch_add(1, Ordering::Release);
         }
         while self.done.load(Ordering::Acquire) < self.chunks {
             std::hint::spin_loop();
         }
-        // SAFETY: every chunk is written (each Release above happens before this Acquire) and
-        // no more writes follow; `out` holds rows · per_row units, borrowed for 'a.
+        // SAFETY: every chunk is counted (its Release happens before this Acquire): written,
+        // or its writer panicked (the pool raises that on the caller; the units are
+        // initialized values either way); no more writes follow; `out` holds rows · per_row
+        // units, borrowed for 'a.
         unsafe { std::slice::from_raw_parts(self.out.get(), self.rows * self.per_row) }
+    }
+}
+
+/// Counts one finished chunk when dropped.
+struct Done<'a>(&'a AtomicUsize);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::Release);
     }
 }
 
@@ -127,9 +141,11 @@ mod tests {
                 });
                 let seen = seen.into_inner().expect("lock");
                 assert_eq!(seen.len(), items);
-                assert!(seen.iter().all(|&s| s), "rows {rows} cols {cols} items {items}");
+                assert!(
+                    seen.iter().all(|&s| s),
+                    "rows {rows} cols {cols} items {items}"
+                );
             }
         }
     }
-
 }
