@@ -1,8 +1,8 @@
 //! Activation rows quantized by the threads of the loop that then reads them.
 //!
-//! A packed linear over T > 1 rows used to quantize its input in a parallel loop of its own
-//! ([`super::act::quantize_rows`]) and then start the loop over the weights: two forks and
-//! joins per linear, ~120 linears per pass. Here the weight loop's participants first claim
+//! A packed linear used to quantize its input first (for 2048 values or more in a parallel
+//! loop of its own, [`super::act::quantize_rows`]) and then start the loop over the weights:
+//! two forks and joins per linear of a verify pass, ~150 linears per pass. Here the weight loop's participants first claim
 //! chunks of rows from a counter and quantize them, then wait until every chunk is done, then
 //! read the whole input. A participant waits only once every chunk has been claimed, and a
 //! claimed chunk is finished without waiting on anything, so the wait always ends whatever
