@@ -518,7 +518,7 @@ fn quantize_avx2<A: ActBlock>(x: &[f32], cols: usize, out: &mut [A]) {
     quantize_body(x, cols, out)
 }
 
-fn check_rows<A: ActBlock>(x: &[f32], cols: usize) {
+pub(crate) fn check_rows<A: ActBlock>(x: &[f32], cols: usize) {
     assert!(
         cols.is_multiple_of(A::BLOCK) && cols > 0 && x.len().is_multiple_of(cols),
         "quantize: {} values are not rows of {cols} (a positive multiple of {})",

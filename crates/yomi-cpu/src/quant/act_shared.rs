@@ -12,7 +12,7 @@
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::act::{ActBlock, PARALLEL_MIN_VALUES, quantize_into, units_per_row};
+use super::act::{ActBlock, PARALLEL_MIN_VALUES, check_rows, quantize_into, units_per_row};
 use crate::pool::SendPtr;
 
 /// The input of one loop, quantized in chunks by whoever claims them.
@@ -34,12 +34,7 @@ impl<'a, A: ActBlock> SharedQuantize<'a, A> {
     /// Sizes `out` for the rows of `x` (each `cols` values, a multiple of `A::BLOCK`); nothing
     /// is quantized until [`Self::quantize_and_wait`].
     pub fn new(x: &'a [f32], cols: usize, out: &'a mut Vec<A>) -> Self {
-        assert!(
-            cols.is_multiple_of(A::BLOCK) && cols > 0 && x.len().is_multiple_of(cols),
-            "quantize: {} values are not rows of {cols} (a positive multiple of {})",
-            x.len(),
-            A::BLOCK
-        );
+        check_rows::<A>(x, cols);
         let rows = x.len() / cols;
         let per_row = units_per_row::<A>(cols);
         // Grown, never shrunk: a call's size alternates (576 and 1536 columns, a 49152-row LM
