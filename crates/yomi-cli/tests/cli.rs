@@ -186,7 +186,23 @@ fn suffix_drafting_gives_the_reference_greedy_ids_too() {
         let s = String::from_utf8(o.stdout).unwrap();
         serde_json::from_str(s.lines().last().unwrap()).unwrap()
     };
-    assert_eq!(run("suffix")["output_ids"], run("none")["output_ids"]);
+    let spec = run("suffix");
+    assert_eq!(spec["output_ids"], run("none")["output_ids"]);
+    // The passes by tree size add up to the pass and token counts.
+    let stats = &spec["stats"];
+    let sizes = stats["passes_by_rows"].as_array().unwrap();
+    let sum = |k: &str| sizes.iter().map(|p| p[k].as_u64().unwrap()).sum::<u64>();
+    assert_eq!(sum("passes"), stats["verify_passes"].as_u64().unwrap());
+    // Every token but the first (sampled from the prefill's logits) comes from a pass.
+    assert_eq!(
+        sum("tokens"),
+        stats["generated_tokens"].as_u64().unwrap() - 1
+    );
+    assert!(
+        sizes
+            .windows(2)
+            .all(|w| w[0]["rows"].as_u64() < w[1]["rows"].as_u64())
+    );
 }
 
 #[test]

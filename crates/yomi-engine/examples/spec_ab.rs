@@ -12,13 +12,15 @@
 //! [ROUNDS (5)] [MAX_TOKENS (256)], where PROMPTS.json maps a name to a user message (sent
 //! through the model's chat template); `bench/spec_cpu.py --in-process` writes it.
 //! Prints a markdown table: median tok/s per mode, the median of the per-round ratios (and
-//! their range), tokens and drafts per verify pass.
+//! their range), tokens and drafts per verify pass; then, per prompt, the speculative passes by
+//! tree size over all rounds (passes, tokens per pass, tok/s) beside plain decoding's tok/s
+//! per pass, which shows which tree sizes pay on this machine.
 
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use yomi_engine::generate::DraftMode;
-use yomi_engine::stats::StatsRecorder;
+use yomi_engine::stats::{PassSize, StatsRecorder, row_ranges};
 use yomi_engine::template::ChatMessage;
 use yomi_engine::{Engine, EngineOptions, GenerateParams, Generation, Prompt};
 
@@ -44,6 +46,7 @@ fn main() -> Result<()> {
     );
     println!("|---|---|---|---|---|---|---|");
     let mut state = engine.new_state();
+    let mut by_rows: Vec<(String, Vec<PassSize>, Vec<PassSize>)> = Vec::new();
     for (name, message) in &prompts {
         let message = message.as_str().context("a prompt is not a string")?;
         let ids = engine.prompt_ids(&Prompt::Chat {
@@ -69,6 +72,7 @@ fn main() -> Result<()> {
         let (mut plain, mut spec, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
         let (mut per_pass, mut drafted) = (Vec::new(), Vec::new());
         let mut identical = true;
+        let (mut plain_sizes, mut spec_sizes) = (Vec::new(), Vec::new());
         for round in 0..rounds {
             let order = if round % 2 == 0 {
                 [DraftMode::None, DraftMode::Suffix]
@@ -82,7 +86,9 @@ fn main() -> Result<()> {
                 let s = &g.stats;
                 if mode == DraftMode::None {
                     tps[0] = s.generation_tokens_per_s;
+                    plain_sizes.extend_from_slice(&s.passes_by_rows);
                 } else {
+                    spec_sizes.extend_from_slice(&s.passes_by_rows);
                     tps[1] = s.generation_tokens_per_s;
                     per_pass.push(s.tokens_per_forward_pass);
                     drafted.push(s.drafted_tokens_per_pass);
@@ -104,6 +110,37 @@ fn main() -> Result<()> {
             median(&mut drafted),
             if identical { "yes" } else { "NO" }
         );
+        by_rows.push((name.clone(), plain_sizes, spec_sizes));
+    }
+    println!();
+    println!(
+        "| prompt | plain: tok/s per pass | speculative passes by rows: count × tokens each, tok/s |"
+    );
+    println!("|---|---|---|");
+    for (name, plain, spec) in &by_rows {
+        let rate = |r: &yomi_engine::stats::RowRange| {
+            r.tokens_per_s()
+                .map_or("n/a".to_string(), |t| format!("{t:.0}"))
+        };
+        let plain = row_ranges(plain)
+            .iter()
+            .map(rate)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let spec = row_ranges(spec)
+            .iter()
+            .map(|r| {
+                format!(
+                    "{}: {} × {:.2}, {}",
+                    r.label,
+                    r.passes,
+                    r.tokens as f64 / r.passes as f64,
+                    rate(r)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" · ");
+        println!("| {name} | {plain} | {spec} |");
     }
     Ok(())
 }

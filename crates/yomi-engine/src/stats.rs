@@ -7,6 +7,10 @@
 //! - tokens per pass: tokens emitted by verify passes / verify passes (the token from prefill
 //!   excluded; plain decoding shows exactly 1.00).
 //! - memory: peak RSS (the caller may substitute peak device memory); energy: RAPL or n/a.
+//! - passes by rows: per tree size (rows = drafted tokens + 1), the verify passes, the tokens
+//!   they emitted and their wall time, each pass timed from the end of the one before (or the
+//!   first token): drafting, the model pass, sampling, commit and emitting the text. It shows
+//!   which tree sizes pay on this machine (a size pays when its tok/s beats one-row passes').
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -147,6 +151,91 @@ pub struct GenerationStats {
     pub memory_bytes: Option<u64>,
     pub energy_j: Option<f64>,
     pub duration_s: f64,
+    /// The verify passes by tree size, smallest first (sizes that ran only).
+    pub passes_by_rows: Vec<PassSize>,
+}
+
+/// The verify passes of one tree size (see the module notes).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PassSize {
+    /// Tree rows: drafted tokens + 1.
+    pub rows: usize,
+    pub passes: usize,
+    /// Tokens the passes emitted (accepted drafts plus each pass's own token).
+    pub tokens: usize,
+    /// Their wall time.
+    pub seconds: f64,
+}
+
+/// Ranges of tree sizes that the human-readable stats sum up (the JSON keeps every size).
+const ROW_BUCKETS: [(usize, usize); 6] =
+    [(1, 1), (2, 4), (5, 8), (9, 16), (17, 32), (33, usize::MAX)];
+
+/// Passes of a range of tree sizes, summed (see [`row_ranges`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowRange {
+    /// `1 row`, `2-4 rows`, …, `33+ rows`.
+    pub label: String,
+    pub passes: usize,
+    pub tokens: usize,
+    pub seconds: f64,
+}
+
+impl RowRange {
+    /// Tokens per second of these passes, `None` without time.
+    pub fn tokens_per_s(&self) -> Option<f64> {
+        (self.seconds > 0.0).then(|| self.tokens as f64 / self.seconds)
+    }
+}
+
+/// `sizes` (any number of entries per size, e.g. of several requests) summed over the ranges
+/// 1, 2–4, 5–8, 9–16, 17–32 and 33+ rows; ranges without passes are left out.
+pub fn row_ranges(sizes: &[PassSize]) -> Vec<RowRange> {
+    ROW_BUCKETS
+        .iter()
+        .filter_map(|&(lo, hi)| {
+            let mut r = RowRange {
+                label: match (lo, hi) {
+                    (1, 1) => "1 row".to_string(),
+                    (lo, usize::MAX) => format!("{lo}+ rows"),
+                    (lo, hi) => format!("{lo}-{hi} rows"),
+                },
+                passes: 0,
+                tokens: 0,
+                seconds: 0.0,
+            };
+            for p in sizes.iter().filter(|p| (lo..=hi).contains(&p.rows)) {
+                r.passes += p.passes;
+                r.tokens += p.tokens;
+                r.seconds += p.seconds;
+            }
+            (r.passes > 0).then_some(r)
+        })
+        .collect()
+}
+
+impl GenerationStats {
+    /// One line of the passes by tree-size range, `None` when every pass had one row.
+    fn passes_by_rows_line(&self) -> Option<String> {
+        if self.passes_by_rows.iter().all(|p| p.rows <= 1) {
+            return None;
+        }
+        let parts: Vec<String> = row_ranges(&self.passes_by_rows)
+            .iter()
+            .map(|r| {
+                let rate = r
+                    .tokens_per_s()
+                    .map_or("n/a tok/s".to_string(), |t| format!("{t:.0} tok/s"));
+                format!(
+                    "{}: {} × {:.2} tok, {rate}",
+                    r.label,
+                    r.passes,
+                    r.tokens as f64 / r.passes as f64
+                )
+            })
+            .collect();
+        Some(parts.join(" | "))
+    }
 }
 
 fn format_bytes(bytes: u64) -> String {
@@ -185,6 +274,9 @@ impl fmt::Display for GenerationStats {
             "tokens per pass:     {:.2} ({} verify passes, {:.2} drafted tokens per pass)",
             self.tokens_per_forward_pass, self.verify_passes, self.drafted_tokens_per_pass
         )?;
+        if let Some(line) = self.passes_by_rows_line() {
+            writeln!(f, "passes by rows:      {line}")?;
+        }
         match self.memory_bytes {
             Some(b) => writeln!(f, "peak memory:         {}", format_bytes(b))?,
             None => writeln!(f, "peak memory:         n/a")?,
@@ -220,6 +312,11 @@ pub struct StatsRecorder {
     verify_passes: usize,
     drafted: usize,
     pass_tokens: usize,
+    /// Rows of the pass about to be reported ([`Self::pass_drafted`] + 1).
+    pending_rows: Option<usize>,
+    /// End of the last pass (or the first token): where the next pass's time starts.
+    t_pass: Option<f64>,
+    by_rows: Vec<PassSize>,
     energy: EnergyMeter,
     memory_override: Option<Option<u64>>,
     energy_override: Option<Option<f64>>,
@@ -259,6 +356,9 @@ impl StatsRecorder {
             verify_passes: 0,
             drafted: 0,
             pass_tokens: 0,
+            pending_rows: None,
+            t_pass: None,
+            by_rows: Vec::new(),
             energy: EnergyMeter::start(),
             memory_override: None,
             energy_override: None,
@@ -288,6 +388,7 @@ impl StatsRecorder {
             self.t_first = Some(t);
         }
         self.t_last = Some(t);
+        self.t_pass = Some(t);
         self.generated += 1;
     }
 
@@ -301,8 +402,28 @@ impl StatsRecorder {
     pub fn pass_emitted(&mut self, n_tokens: usize) {
         self.verify_passes += 1;
         self.pass_tokens += n_tokens;
+        let t = (self.clock)();
+        let rows = self.pending_rows.take().unwrap_or(1);
+        let seconds = (t - self.t_pass.or(self.t_prefill_end).unwrap_or(t)).max(0.0);
+        self.t_pass = Some(t);
+        let at = match self.by_rows.binary_search_by_key(&rows, |p| p.rows) {
+            Ok(i) => i,
+            Err(i) => {
+                self.by_rows.insert(
+                    i,
+                    PassSize {
+                        rows,
+                        ..PassSize::default()
+                    },
+                );
+                i
+            }
+        };
+        let size = &mut self.by_rows[at];
+        size.passes += 1;
+        size.tokens += n_tokens;
+        size.seconds += seconds;
         if n_tokens > 0 {
-            let t = (self.clock)();
             if self.t_first.is_none() {
                 self.t_first = Some(t);
             }
@@ -314,6 +435,7 @@ impl StatsRecorder {
     /// The verify pass about to be reported checked `n` draft tokens.
     pub fn pass_drafted(&mut self, n: usize) {
         self.drafted += n;
+        self.pending_rows = Some(n + 1);
     }
 
     /// Replaces the peak-RSS reading (e.g. with peak device memory on CUDA).
@@ -363,6 +485,7 @@ impl StatsRecorder {
             memory_bytes: self.memory_override.unwrap_or_else(peak_rss_bytes),
             energy_j: self.energy_override.unwrap_or_else(|| self.energy.joules()),
             duration_s: now - self.t_start,
+            passes_by_rows: self.by_rows.clone(),
         }
     }
 }
@@ -423,6 +546,63 @@ mod tests {
         assert_eq!(s.memory_bytes, Some(1234));
         assert_eq!(s.energy_j, Some(5.5));
         assert!(close(s.duration_s, 0.9), "{s:?}");
+        // Each pass timed from the end of the one before (the first from the first token).
+        let sizes: Vec<(usize, usize, usize)> = s
+            .passes_by_rows
+            .iter()
+            .map(|p| (p.rows, p.passes, p.tokens))
+            .collect();
+        assert_eq!(sizes, [(1, 1, 1), (5, 1, 4), (6, 1, 3)]);
+        let secs: Vec<f64> = s.passes_by_rows.iter().map(|p| p.seconds).collect();
+        assert!(
+            close(secs[0], 0.1) && close(secs[1], 0.2) && close(secs[2], 0.1),
+            "{secs:?}"
+        );
+        let text = s.to_string();
+        assert!(
+            text.contains(
+                "passes by rows:      1 row: 1 × 1.00 tok, 10 tok/s | 5-8 rows: 2 × 3.50 tok, 23 tok/s\n"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn row_ranges_sum_sizes_of_several_requests() {
+        let size = |rows, passes, tokens, seconds| PassSize {
+            rows,
+            passes,
+            tokens,
+            seconds,
+        };
+        let sizes = [
+            size(1, 4, 4, 0.02),
+            size(3, 1, 2, 0.01),
+            size(5, 2, 9, 0.03),
+            size(3, 2, 5, 0.02),
+            size(17, 1, 16, 0.04),
+            size(40, 1, 0, 0.0),
+        ];
+        let got: Vec<(String, usize, usize)> = row_ranges(&sizes)
+            .into_iter()
+            .map(|r| (r.label, r.passes, r.tokens))
+            .collect();
+        let want = [
+            ("1 row", 4, 4),
+            ("2-4 rows", 3, 7),
+            ("5-8 rows", 2, 9),
+            ("17-32 rows", 1, 16),
+            ("33+ rows", 1, 0),
+        ];
+        let want: Vec<(String, usize, usize)> = want
+            .iter()
+            .map(|&(l, p, t)| (l.to_string(), p, t))
+            .collect();
+        assert_eq!(got, want);
+        let ranges = row_ranges(&sizes);
+        assert!(close(ranges[1].tokens_per_s().expect("timed"), 7.0 / 0.03));
+        assert_eq!(ranges[4].tokens_per_s(), None);
+        assert!(row_ranges(&[]).is_empty());
     }
 
     #[test]
@@ -444,6 +624,18 @@ mod tests {
         assert_eq!(s.tokens_per_forward_pass, 1.0);
         assert!(close(s.generation_tokens_per_s, 50.0), "{s:?}");
         assert_eq!(format!("{:.2}", s.tokens_per_forward_pass), "1.00");
+        assert_eq!(
+            s.passes_by_rows,
+            [PassSize {
+                rows: 1,
+                passes: 5,
+                tokens: 5,
+                seconds: s.passes_by_rows[0].seconds
+            }]
+        );
+        assert!(close(s.passes_by_rows[0].seconds, 0.1), "{s:?}");
+        // Without drafts the line would say nothing new.
+        assert!(!s.to_string().contains("passes by rows"));
     }
 
     #[test]
@@ -497,7 +689,8 @@ mod tests {
                 "drafted_tokens_per_pass",
                 "memory_bytes",
                 "energy_j",
-                "duration_s"
+                "duration_s",
+                "passes_by_rows"
             ]
         );
         assert!(v["energy_j"].is_null());
