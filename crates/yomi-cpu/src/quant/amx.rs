@@ -31,7 +31,9 @@
 //! Costs, measured on the Sapphire Rapids VM this was tuned on (1 thread, TSC ticks): every
 //! tile instruction takes its own time and does **not** overlap the vector units' epilogue
 //! (tile products plus epilogue cost their sum, in whatever order they are issued); a
-//! `TILESTORED` costs ~13 ticks whatever its height, a `TDPBSSD` ~9–14, a tile load 3–8. So
+//! `TILESTORED` costs ~13 ticks whatever its height, a `TDPBSSD` ~9–14, a tile load 3–8 (on an
+//! Emerald Rapids VM too; there a store into lines outside L1 cost ~3.3 ticks per row instead,
+//! so the C scratch is kept to a few KiB that stay in L1, see bench/RESULTS.md). So
 //! a block's tile work is ~20 ticks in pair mode and ~35 otherwise, plus ~5 ticks of epilogue
 //! per activation row, against ~15 per row for `group512`: AMX breaks even around 3–4 rows
 //! and the kernel alone is ~0.7× `group512`'s time at 8–16 rows. What the kernel must avoid:
