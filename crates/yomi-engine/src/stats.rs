@@ -151,7 +151,9 @@ pub struct GenerationStats {
     pub memory_bytes: Option<u64>,
     pub energy_j: Option<f64>,
     pub duration_s: f64,
-    /// The verify passes by tree size, smallest first (sizes that ran only).
+    /// The verify passes by tree size, smallest first (sizes that ran only). Empty when read
+    /// from the JSON of a yomi that did not report it.
+    #[serde(default)]
     pub passes_by_rows: Vec<PassSize>,
 }
 
@@ -694,6 +696,13 @@ mod tests {
             ]
         );
         assert!(v["energy_j"].is_null());
+        // Stats written before `passes_by_rows` existed still read back.
+        let mut old = v.clone();
+        old.as_object_mut()
+            .expect("object")
+            .remove("passes_by_rows");
+        let back: GenerationStats = serde_json::from_value(old).expect("older stats");
+        assert_eq!(back, s);
         let text = s.to_string();
         assert!(text.contains("energy:              n/a"), "{text}");
         assert!(text.contains("3.00 GiB"), "{text}");
