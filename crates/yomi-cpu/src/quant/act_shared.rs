@@ -2,12 +2,13 @@
 //!
 //! A packed linear used to quantize its input first (for 2048 values or more in a parallel
 //! loop of its own, [`super::act::quantize_rows`]) and then start the loop over the weights:
-//! two forks and joins per linear of a verify pass, ~150 linears per pass. Here the weight loop's participants first claim
-//! chunks of rows from a counter and quantize them, then wait until every chunk is done, then
-//! read the whole input. A participant waits only once every chunk has been claimed, and a
-//! claimed chunk is finished without waiting on anything, so the wait always ends whatever
-//! the pool does (a busy pool that runs every item on the caller quantizes all chunks in its
-//! first item). The units are the same bits whichever thread writes them.
+//! two forks and joins per linear of a verify pass, ~150 linears per pass. Here the weight
+//! loop's participants first claim chunks of rows from a counter and quantize them, then wait
+//! until every chunk is done, then read the whole input. A participant waits only once every
+//! chunk has been claimed, and a claimed chunk is finished without waiting on anything, so the
+//! wait always ends whatever the pool does (a busy pool that runs every item on the caller
+//! quantizes all chunks in its first item). The units are the same bits whichever thread
+//! writes them.
 
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
