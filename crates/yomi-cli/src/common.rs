@@ -17,8 +17,9 @@ pub struct ModelArgs {
     /// Context size in tokens (default: the model's, capped at 32768).
     #[arg(long, value_name = "N")]
     pub ctx_size: Option<usize>,
-    /// Kernel threads (default: one per core). On the CPU, one-row passes (plain decoding)
-    /// use one of them or all, whichever measures faster as tokens are generated.
+    /// Kernel threads (default: one per core). On the CPU each size of pass runs on N, N/2,
+    /// N/4, … or 1 of them, whichever measures fastest as tokens are generated
+    /// (`YOMI_PASS_THREADS=K` fixes every pass at K; `YOMI_PASS_TRACE=1` prints each pass).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
     /// Element type of the CPU attention (K/V) cache: f16 halves its memory (32k tokens of

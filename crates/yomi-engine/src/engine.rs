@@ -49,8 +49,8 @@ pub struct Engine {
     pub context_size: usize,
     pub path: PathBuf,
     pool: rayon::ThreadPool,
-    /// One-row pass times by thread count, carried from request to request (CPU only).
-    pub(crate) one_row: std::sync::Mutex<Option<crate::one_row_threads::OneRowThreads>>,
+    /// The measured thread counts of the CPU passes, carried from request to request.
+    pub(crate) pass_threads: std::sync::Mutex<Option<crate::pass_threads::PassThreads>>,
     /// The verify-pass cost fit, carried from request to request ([`crate::pass_cost`]).
     pub(crate) pass_cost: std::sync::Mutex<crate::pass_cost::PassCost>,
 }
@@ -108,7 +108,7 @@ impl Engine {
             context_size,
             path: path.to_path_buf(),
             pool,
-            one_row: std::sync::Mutex::new(None),
+            pass_threads: std::sync::Mutex::new(None),
             pass_cost: std::sync::Mutex::new(Default::default()),
         })
     }

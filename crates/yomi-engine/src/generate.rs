@@ -14,7 +14,7 @@ use yomi_models::{LogitRows, Model, State};
 use yomi_spec::{DraftTree, Drafter, SuffixDrafter, accept_with};
 
 use crate::engine::Engine;
-use crate::one_row_threads::OneRowThreads;
+use crate::pass_threads::PassThreads;
 use crate::stats::{GenerationStats, StatsRecorder};
 use crate::tokenizer::StreamDecoder;
 
@@ -439,15 +439,15 @@ impl Engine {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        // One-row passes on the CPU run on one thread or all, whichever measures faster, with
-        // the measurements of earlier requests (an accelerator's passes, and the host loops
+        // CPU passes run on the thread count that measures fastest for their rows, with the
+        // measurements of earlier requests (an accelerator's passes, and the host loops
         // around them, keep every thread).
-        let mut one_row = model.accel.is_none().then(|| {
-            self.one_row
+        let mut threads = model.accel.is_none().then(|| {
+            self.pass_threads
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .take()
-                .unwrap_or_else(|| OneRowThreads::new(rayon::current_num_threads()))
+                .unwrap_or_else(|| PassThreads::new(rayon::current_num_threads()))
         });
         // The token after the prompt.
         let mut next = rows
@@ -484,23 +484,19 @@ impl Engine {
                     proposed = true;
                 }
             }
-            let t0 = out.drafting.then(Instant::now);
-            let bonus = if draft.len() == 1 {
-                tree.set_chain(1);
-                let threads = one_row.as_ref().map_or(usize::MAX, OneRowThreads::pick);
-                let t1 = Instant::now();
-                let bonus = yomi_cpu::pool::with_threads(threads, || -> Result<u32> {
+            let rows_n = draft.len();
+            let n_threads = threads.as_ref().map_or(usize::MAX, |t| t.pick(rows_n));
+            let probing = threads.as_ref().is_some_and(|t| t.probing(rows_n));
+            let t0 = Instant::now();
+            let bonus = yomi_cpu::pool::with_threads(n_threads, || -> Result<u32> {
+                if rows_n == 1 {
+                    tree.set_chain(1);
                     rows.forward(model, st, &[next], &tree, LogitRows::Last)?;
                     accepted.clear();
                     accepted.push(0);
                     model.commit(st, &accepted)?;
-                    rows.sample(model, st, 0, (c + 1) as u64)
-                })?;
-                if let Some(o) = one_row.as_mut() {
-                    o.record(threads, t1.elapsed().as_secs_f64());
+                    return rows.sample(model, st, 0, (c + 1) as u64);
                 }
-                bonus
-            } else {
                 draft.to_batch(&mut tree)?;
                 rows.forward(model, st, draft.tokens(), &tree, LogitRows::All)?;
                 // The walk takes plain tokens: a failed fetch of a row's logits stops it (no
@@ -522,10 +518,15 @@ impl Engine {
                     return Err(e);
                 }
                 model.commit(st, &accepted)?;
-                bonus
-            };
-            if let Some(t0) = t0 {
-                cost.add(draft.len(), t0.elapsed().as_secs_f64());
+                Ok(bonus)
+            })?;
+            let secs = t0.elapsed().as_secs_f64();
+            if let Some(t) = threads.as_mut() {
+                t.record(rows_n, n_threads, secs);
+            }
+            // A probe's time measures a thread count, not the pass's usual cost.
+            if out.drafting && !probing {
+                cost.add(rows_n, secs);
             }
             if proposed && let Some(d) = drafter.as_deref_mut() {
                 d.observe(accepted.len() - 1, draft.num_drafts());
@@ -544,8 +545,8 @@ impl Engine {
             stats.pass_emitted(emitted);
             next = bonus;
         }
-        if one_row.is_some() {
-            *self.one_row.lock().unwrap_or_else(|e| e.into_inner()) = one_row;
+        if threads.is_some() {
+            *self.pass_threads.lock().unwrap_or_else(|e| e.into_inner()) = threads;
         }
         if out.drafting {
             *self.pass_cost.lock().unwrap_or_else(|e| e.into_inner()) = cost;

@@ -5,12 +5,13 @@ pub mod engine;
 pub mod generate;
 mod gguf_model;
 mod gguf_spm;
-mod one_row_threads;
 mod pass_cost;
+mod pass_threads;
 pub mod perplexity;
 pub mod prefix_cache;
 pub mod stats;
 pub mod template;
+mod thread_choice;
 pub mod tokenizer;
 
 pub use engine::{Engine, EngineOptions, Prompt};
