@@ -3,9 +3,10 @@
 //! A pass that streams every weight once with little arithmetic per byte is memory-bound, and
 //! how many threads it wants depends on the machine: on the 2-vCPU dev VM one core nearly
 //! saturates its memory and a one-row pass ran 16 % faster on one thread than on two; on a
-//! 16-core server VM one row ran fastest on 4–8 threads (2.8–2.9 ms) and slower on 16 (3.3 ms,
-//! every one of a pass's ~150 loops waits for its slowest participant) and on 1 (9.8 ms). So
-//! the count is measured, over the candidates all, all/2, all/4, … 1 (halving, rounded up).
+//! 16-core server VM one row ran fastest on 4–8 threads (2.0–2.9 ms over two days) and slower
+//! on 16 (3.2–3.3 ms: each of a pass's ~150 loops waits for its slowest participant) and on 1
+//! (9.8 ms). So the count is measured, over the candidates all, all/2, all/4, … 1 (halving,
+//! rounded up).
 //!
 //! **Estimate.** Each candidate keeps its last [`KEEP`] pass times and is judged by their
 //! median: a VM stalls a pass now and then (a pass on 16 threads took 4.4–8.5 ms in one run
@@ -44,7 +45,8 @@ const KEEP: usize = 5;
 const PROBE: u32 = 3;
 /// The first search stops at a candidate this many times slower than the best so far.
 const CLOSE: f64 = 1.5;
-/// A probe toward fewer threads stops at a pass this many times slower than the best.
+/// A probe stops at a pass this many times slower than the best (toward more threads, from
+/// its second pass).
 const ABORT: f64 = 2.0;
 /// What probing may cost, as a share of the passes' time.
 const RETRY_COST: f64 = 0.005;
