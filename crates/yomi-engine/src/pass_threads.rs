@@ -1,6 +1,6 @@
 //! How many threads each CPU pass of the generate loop runs on: a [`ThreadChoice`] per size
-//! of pass, since the best count differs with the rows (on the 16-core VM one row ran best on
-//! 4 threads, and a 6-row verify pass took 6.0 ms on 8 cores against 10.0 on 16).
+//! of pass, since the best count differs with the rows (on the 16-core VM, over one long run,
+//! passes of 1–4 rows settled on 8 threads and passes of 5 rows or more on all 16).
 //!
 //! Passes are grouped by rows as the kernels change behaviour: 1 (plain decoding, streaming
 //! the weights), 2–4 (the VNNI kernels), 5–8, 9–16 and 17+ (the AMX kernels from 5 rows).
