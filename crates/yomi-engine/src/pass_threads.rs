@@ -26,10 +26,13 @@ pub struct PassThreads {
 impl PassThreads {
     /// For a pool of `all` threads, with the environment's overrides.
     pub fn new(all: usize) -> Self {
-        let fixed = std::env::var("YOMI_PASS_THREADS")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .filter(|&n| n > 0);
+        let fixed = std::env::var("YOMI_PASS_THREADS").ok().and_then(|v| {
+            let n = v.trim().parse::<usize>().ok().filter(|&n| n > 0);
+            if n.is_none() {
+                eprintln!("yomi: ignoring YOMI_PASS_THREADS={v:?}: not a positive integer");
+            }
+            n
+        });
         let trace = std::env::var("YOMI_PASS_TRACE").is_ok_and(|v| v.trim() == "1");
         PassThreads {
             groups: Self::groups(all),
