@@ -439,6 +439,7 @@ impl Engine {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
+        let mut curve = Vec::with_capacity(MAX_DRAFT_BUDGET + 1);
         // CPU passes run on the thread count that measures fastest for their rows, with the
         // measurements of earlier requests (an accelerator's passes, and the host loops
         // around them, keep every thread).
@@ -472,7 +473,9 @@ impl Engine {
                     .min(room - 1)
                     .min(model.max_tree_rows() - 1);
                 if max_depth > 0 {
-                    if let Some((r, g)) = cost.model() {
+                    if cost.curve(max_drafts, &mut curve) {
+                        d.set_pass_costs(&curve);
+                    } else if let Some((r, g)) = cost.model() {
                         d.set_row_cost(r);
                         d.set_row_cost_growth(g);
                     }

@@ -1,20 +1,51 @@
 //! What a verify pass costs as a function of its rows, measured while generating, to size the
-//! drafter's trees ([`Drafter::set_row_cost`], [`Drafter::set_row_cost_growth`]).
+//! drafter's trees ([`Drafter::set_pass_costs`], or [`Drafter::set_row_cost`] and
+//! [`Drafter::set_row_cost_growth`] while too little is measured).
 //!
-//! Pass times are fitted as t ≈ a + b·x + c·x² (x = T − 1, the pass's drafts) by least squares
-//! over a decaying window; the drafter is told b / a, what one more row costs relative to a
-//! one-row pass, and c / a, how fast that grows. On the CPU the curve bends up: SmolLM2 on the
+//! **The measured curve.** Each pass size keeps its last few times; a size's cost is the
+//! median of them over the one-row pass's median. The curve need not be smooth: on the
+//! 16-core Xeon host (bench/RESULTS.md, eighteenth and nineteenth sessions) passes of 2–4,
+//! 5–8 and 9–16 rows run on different thread counts and kernels (AMX tiles from 5 rows), so
+//! the cost climbs in steps, and a drafter that knows it fills a step it has paid for. A size
+//! with too few times, or none for a while (its estimate could be an old stall that nothing
+//! would ever correct), takes the fit below.
+//!
+//! **The fit.** Pass times are fitted as t ≈ a + b·x + c·x² (x = T − 1, the pass's drafts) by
+//! least squares over a decaying window; b / a is what one more row costs relative to a
+//! one-row pass, and c / a how fast that grows. On the CPU the curve bends up: SmolLM2 on the
 //! 2-core Zen 4 VM, 600 tokens in, cost 1.15 / 1.65 / 2.97 / 3.83 / 7.22 one-row passes at
 //! T = 2 / 4 / 6 / 8 / 16, so a line through the usual 3–8-row passes undercharged deep trees
 //! (see bench/RESULTS.md, fourteenth session). The bend is dropped (a line) while the window holds too few
 //! distinct sizes to fit it, or when the fit bends down or starts with a negative slope: noise,
 //! or a device whose first extra rows are nearly free.
 //!
-//! The engine keeps the fit from one request to the next: it is a property of the device and
-//! the model, and a request that started from nothing drafted its first passes blind.
+//! The engine keeps the measurements from one request to the next: they are a property of the
+//! device and the model, and a request that started from nothing drafted its first passes blind.
 //!
+//! [`Drafter::set_pass_costs`]: yomi_spec::Drafter::set_pass_costs
 //! [`Drafter::set_row_cost`]: yomi_spec::Drafter::set_row_cost
 //! [`Drafter::set_row_cost_growth`]: yomi_spec::Drafter::set_row_cost_growth
+
+/// The last times of one pass size.
+#[derive(Clone, Debug, Default)]
+struct SizeTimes {
+    /// Ring of the last [`PassCost::KEEP`] times (seconds).
+    secs: [f64; PassCost::KEEP],
+    /// Times recorded in all (the ring's next slot is `count % KEEP`).
+    count: usize,
+    /// The pass number of the newest time.
+    last_pass: u64,
+}
+
+impl SizeTimes {
+    fn median(&self) -> f64 {
+        let n = self.count.min(PassCost::KEEP);
+        let mut v = self.secs;
+        let v = &mut v[..n];
+        v.sort_unstable_by(f64::total_cmp);
+        v[n / 2]
+    }
+}
 
 /// The decayed least-squares sums of the fit (see the module notes).
 #[derive(Clone, Debug, Default)]
@@ -23,14 +54,35 @@ pub struct PassCost {
     x: [f64; 5],
     /// Σ w·xᵏ·t for k = 0..=2.
     xt: [f64; 3],
+    /// Index T − 1: the last times of passes of T rows.
+    sizes: Vec<SizeTimes>,
+    /// Passes recorded in all.
+    passes: u64,
 }
 
 impl PassCost {
     /// Weight of the past per pass (a window of about 20 passes).
     const DECAY: f64 = 0.95;
+    /// Times kept per pass size (a median of five drops two stalls).
+    const KEEP: usize = 5;
+    /// Times a size needs before its median replaces the fit.
+    const MIN_TIMES: usize = 3;
+    /// A size not run within this many passes takes the fit again, so that an estimate made
+    /// in a slow moment is retried.
+    const STALE_PASSES: u64 = 256;
 
     /// Records a pass of `rows` rows (the root and its drafts) that took `secs`.
     pub fn add(&mut self, rows: usize, secs: f64) {
+        self.passes += 1;
+        if rows >= 1 && secs.is_finite() && secs > 0.0 {
+            if self.sizes.len() < rows {
+                self.sizes.resize_with(rows, SizeTimes::default);
+            }
+            let s = &mut self.sizes[rows - 1];
+            s.secs[s.count % Self::KEEP] = secs;
+            s.count += 1;
+            s.last_pass = self.passes;
+        }
         let x = rows.saturating_sub(1) as f64;
         let d = Self::DECAY;
         let mut xk = 1.0;
@@ -75,6 +127,36 @@ impl PassCost {
         } else {
             line
         }
+    }
+}
+
+impl PassCost {
+    /// The cost of a pass of n drafts for n = 0..=`max_drafts`, relative to a one-row pass,
+    /// into `out`: a size's median where it is measured (see the module notes), else the fit.
+    /// False (and `out` empty) until one-row passes and the fit are both known.
+    pub fn curve(&self, max_drafts: usize, out: &mut Vec<f32>) -> bool {
+        out.clear();
+        let measured = |rows: usize| {
+            self.sizes.get(rows - 1).filter(|s| {
+                s.count >= Self::MIN_TIMES && self.passes - s.last_pass < Self::STALE_PASSES
+            })
+        };
+        let (Some(one), Some((r, g))) = (self.sizes.first(), self.model()) else {
+            return false;
+        };
+        if one.count < Self::MIN_TIMES {
+            return false;
+        }
+        let t1 = one.median();
+        out.push(1.0);
+        for n in 1..=max_drafts {
+            let c = match measured(n + 1) {
+                Some(s) => (s.median() / t1) as f32,
+                None => 1.0 + r * n as f32 + g * (n * n) as f32,
+            };
+            out.push(c);
+        }
+        true
     }
 }
 
@@ -139,6 +221,61 @@ mod tests {
         let (r, g) = fed(&passes).model().expect("a model");
         assert_eq!(g, 0.0);
         assert!(r > 0.0);
+    }
+
+    /// Measured sizes give their median (a stall among five times is dropped), the others the
+    /// fit; nothing before one-row passes are measured.
+    #[test]
+    fn the_curve_takes_medians_where_measured() {
+        let mut c = PassCost::default();
+        let mut out = vec![9.0];
+        assert!(!c.curve(4, &mut out) && out.is_empty());
+        // A staircase: 2–4 rows 1.6, 5 rows 2.5 (one stall at 2 rows).
+        let t = |rows: usize| match rows {
+            1 => 2e-3,
+            2..=4 => 3.2e-3,
+            _ => 5e-3,
+        };
+        for &rows in [1, 2, 4, 5, 1, 2, 4, 5, 1, 2, 4, 5].iter() {
+            c.add(rows, t(rows));
+        }
+        c.add(2, 40e-3);
+        assert!(c.curve(6, &mut out));
+        assert_eq!(out.len(), 7);
+        let close = |a: f32, b: f32| (a - b).abs() < 1e-5;
+        assert!(
+            close(out[0], 1.0) && close(out[1], 1.6) && close(out[3], 1.6),
+            "{out:?}"
+        );
+        assert!(close(out[4], 2.5), "{out:?}");
+        // 3 and 6 rows were never run: the fit's 1 + r·n + g·n².
+        let (r, g) = c.model().expect("a model");
+        assert!(close(out[2], 1.0 + 2.0 * r + 4.0 * g), "{out:?}");
+        assert!(close(out[5], 1.0 + 5.0 * r + 25.0 * g), "{out:?}");
+    }
+
+    /// A size not run for a long time falls back to the fit, and comes back when it runs.
+    #[test]
+    fn a_stale_size_takes_the_fit() {
+        let mut c = PassCost::default();
+        for _ in 0..3 {
+            c.add(1, 2e-3);
+            c.add(3, 9e-3);
+            c.add(2, 2.5e-3);
+        }
+        let mut out = Vec::new();
+        assert!(c.curve(2, &mut out));
+        assert!((out[2] - 4.5).abs() < 1e-5, "{out:?}");
+        for _ in 0..PassCost::STALE_PASSES {
+            c.add(1, 2e-3);
+            c.add(2, 2.5e-3);
+        }
+        assert!(c.curve(2, &mut out));
+        let (r, g) = c.model().expect("a model");
+        assert!((out[2] - (1.0 + 2.0 * r + 4.0 * g)).abs() < 1e-5, "{out:?}");
+        c.add(3, 9e-3);
+        assert!(c.curve(2, &mut out));
+        assert!((out[2] - 4.5).abs() < 1e-5, "{out:?}");
     }
 
     /// Old passes fade: after a change of device speed the fit follows the new times.

@@ -1,6 +1,7 @@
-//! The engine measures its verify passes and tells the drafter what a row costs (a slope and a
-//! bend, `crates/yomi-engine/src/pass_cost.rs`), and keeps that fit from one request to the
-//! next: a second request's first proposal is already sized by it.
+//! The engine measures its verify passes and tells the drafter what a pass costs by its size
+//! (a measured curve, or a slope and a bend while few sizes are measured,
+//! `crates/yomi-engine/src/pass_cost.rs`), and keeps those measurements from one request to
+//! the next: a second request's first proposal is already sized by them.
 
 use std::path::PathBuf;
 
@@ -21,18 +22,28 @@ fn tiny_engine() -> Engine {
     e
 }
 
+/// What the engine told the drafter of a pass's cost.
+#[derive(Clone, Debug, PartialEq)]
+enum Told {
+    /// Row cost and growth.
+    Fit(f32, f32),
+    /// Cost by drafts.
+    Curve(Vec<f32>),
+}
+
 /// The suffix drafter, recording what it is told before each proposal.
 #[derive(Default)]
 struct Recording {
     inner: SuffixDrafter,
-    /// Per proposal: the last (row cost, growth) told before it, if any.
-    told_before: Vec<Option<(f32, f32)>>,
-    told: Option<(f32, f32)>,
+    /// Per proposal: the last cost told before it, if any.
+    told_before: Vec<Option<Told>>,
+    told: Option<Told>,
+    curves: usize,
 }
 
 impl Drafter for Recording {
     fn propose(&mut self, context: &[u32], budget: usize, out: &mut DraftTree) {
-        self.told_before.push(self.told);
+        self.told_before.push(self.told.clone());
         self.inner.propose(context, budget, out)
     }
     fn observe(&mut self, accepted_drafts: usize, proposed: usize) {
@@ -42,14 +53,25 @@ impl Drafter for Recording {
         self.inner.start_request();
     }
     fn set_row_cost(&mut self, relative: f32) {
-        let g = self.told.map_or(0.0, |t| t.1);
-        self.told = Some((relative, g));
+        let g = match self.told {
+            Some(Told::Fit(_, g)) => g,
+            _ => 0.0,
+        };
+        self.told = Some(Told::Fit(relative, g));
         self.inner.set_row_cost(relative);
     }
     fn set_row_cost_growth(&mut self, growth: f32) {
-        let r = self.told.map_or(0.0, |t| t.0);
-        self.told = Some((r, growth));
+        let r = match self.told {
+            Some(Told::Fit(r, _)) => r,
+            _ => 0.0,
+        };
+        self.told = Some(Told::Fit(r, growth));
         self.inner.set_row_cost_growth(growth);
+    }
+    fn set_pass_costs(&mut self, costs: &[f32]) {
+        self.told = Some(Told::Curve(costs.to_vec()));
+        self.curves += 1;
+        self.inner.set_pass_costs(costs);
     }
 }
 
@@ -76,7 +98,7 @@ fn run(e: &Engine, d: &mut Recording) {
 }
 
 #[test]
-fn the_pass_cost_fit_carries_over_to_the_next_request() {
+fn the_pass_cost_measurements_carry_over_to_the_next_request() {
     let e = tiny_engine();
     let mut first = Recording::default();
     run(&e, &mut first);
@@ -87,17 +109,21 @@ fn the_pass_cost_fit_carries_over_to_the_next_request() {
         "{:?}",
         first.told_before
     );
-    // ...and learns a cost once it has seen them (the repeated prompt gets drafts).
-    let learned = first.told.expect("the engine told the drafter a row cost");
+    // ...and learns a curve once it has measured one-row passes and a fit (the repeated
+    // prompt gets drafts): n drafts cost 1 at n = 0, and a finite positive amount per size up
+    // to the budget.
+    let Some(Told::Curve(curve)) = &first.told else {
+        panic!("no measured curve told: {:?}", first.told);
+    };
     assert!(
-        learned.0.is_finite() && learned.0 >= 0.0 && learned.1 >= 0.0,
-        "{learned:?}"
+        curve[0] == 1.0 && curve.len() > 1 && curve.iter().all(|c| c.is_finite() && *c > 0.0),
+        "{curve:?}"
     );
     // The next request's first proposal is sized by the fit of the first request.
     let mut second = Recording::default();
     run(&e, &mut second);
     assert!(
-        matches!(second.told_before.first(), Some(Some(_))),
+        matches!(second.told_before.first(), Some(Some(Told::Curve(_)))),
         "{:?}",
         &second.told_before[..second.told_before.len().min(4)]
     );

@@ -13,10 +13,12 @@
 //! `--costs 1,1.01,1.1,…` charges a pass of T rows the T-th value instead (pass times relative
 //! to a one-row pass, as `verify_cost` prints them; past the list's end its last step
 //! continues), while the drafter is still told `--r` (and `--growth`), as the engine tells it
-//! its fit. Without `--costs` a pass of n drafts costs 1 + r·n + growth·n².
+//! its fit. Without `--costs` a pass of n drafts costs 1 + r·n + growth·n². `--tell-curve`
+//! tells the drafter the `--costs` curve itself, as the engine does once it has measured each
+//! pass size.
 //!
 //! cargo run --release -p yomi-spec --example replay -- [--r 0.25] [--growth 0] [--budget 16]
-//! [--costs LIST] FILE...
+//! [--costs LIST [--tell-curve]] FILE...
 
 use std::process::ExitCode;
 
@@ -37,6 +39,9 @@ struct Costs {
     growth: f32,
     /// Pass time by rows (index T − 1), relative to one row; empty: 1 + r · drafts.
     curve: Vec<f32>,
+    /// Tell the drafter the curve itself ([`Drafter::set_pass_costs`]), as the engine does
+    /// once it has measured the sizes.
+    tell_curve: bool,
 }
 
 impl Costs {
@@ -59,6 +64,9 @@ fn replay(prompt: &[u32], output: &[u32], costs: &Costs, budget: usize) -> Repla
     let mut d = SuffixDrafter::new(config());
     d.set_row_cost(costs.r);
     d.set_row_cost_growth(costs.growth);
+    if costs.tell_curve {
+        d.set_pass_costs(&costs.curve);
+    }
     let mut context: Vec<u32> = prompt.to_vec();
     context.push(output[0]);
     let mut draft = DraftTree::new();
@@ -169,12 +177,14 @@ fn main() -> ExitCode {
     let mut growth = 0.0f32;
     let mut budget = 16usize;
     let mut curve = Vec::new();
+    let mut tell_curve = false;
     let mut files = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--r" => r = args.next().and_then(|v| v.parse().ok()).unwrap_or(r),
             "--growth" => growth = args.next().and_then(|v| v.parse().ok()).unwrap_or(growth),
+            "--tell-curve" => tell_curve = true,
             "--budget" => budget = args.next().and_then(|v| v.parse().ok()).unwrap_or(budget),
             "--costs" => {
                 let list = args.next().unwrap_or_default();
@@ -189,8 +199,14 @@ fn main() -> ExitCode {
             _ => files.push(a),
         }
     }
-    let costs = Costs { r, growth, curve };
+    let costs = Costs {
+        r,
+        growth,
+        tell_curve: tell_curve && !curve.is_empty(),
+        curve,
+    };
     let model = match (costs.curve.is_empty(), growth > 0.0) {
+        _ if costs.tell_curve => "the cost curve, drafter told the curve".to_string(),
         (true, false) => format!("r = {r}"),
         (true, true) => format!("1 + {r}·n + {growth}·n² for n drafts"),
         (false, false) => format!("the cost curve, drafter told r = {r}"),

@@ -48,6 +48,12 @@ pub trait Drafter: Send {
     /// 7.2 at 16), so a line fitted through the usual 3–8-row passes undercharges a 16-row
     /// tree. The default ignores it.
     fn set_row_cost_growth(&mut self, _growth: f32) {}
+
+    /// Tells the drafter the measured cost of a pass by its drafts (`costs[n]`: n drafts,
+    /// relative to a one-row pass, `costs[0]` = 1), which replaces the model of
+    /// [`set_row_cost`](Self::set_row_cost) while it is non-empty; past its end the last step
+    /// continues. The default ignores it.
+    fn set_pass_costs(&mut self, _costs: &[f32]) {}
 }
 
 /// The acceptance walk over precomputed per-row samples (`samples[r]` is the target's draw at

@@ -32,7 +32,10 @@
 //! while each one raises the expected tokens per unit of verify cost, (1 + Σ p) / C(n) with
 //! C(n) = 1 + c·n + g·n² for n drafts, relative to a one-row pass (the engine measures c and g:
 //! [`Drafter::set_row_cost`], [`Drafter::set_row_cost_growth`]), and writes them in
-//! depth-first preorder, most frequent child first.
+//! depth-first preorder, most frequent child first. Where the engine has measured the cost
+//! of each pass size ([`Drafter::set_pass_costs`]) C(n) is that curve, which may climb in
+//! steps; then the drafter ranks the nodes best first up to the budget and keeps the prefix
+//! with the most expected tokens per unit of cost, so it fills a step it pays for anyway.
 //!
 //! **Edits.** Where the target keeps making the same edit to the text it copies (a rename),
 //! the drafter learns it ([`Substitutions`]): drafts carry the edit, and the context is matched
@@ -65,6 +68,21 @@ fn length_class(len: usize) -> usize {
 const SEP: u32 = u32::MAX;
 /// "No position" in the chains and "no node" in the trie.
 const NONE: u32 = u32::MAX;
+
+/// The cost of a pass of `n` drafts from a measured curve (`table[n]`, relative to a one-row
+/// pass); past its end the last step continues (never downward).
+fn table_cost(table: &[f32], n: usize) -> f32 {
+    let last = table.len() - 1;
+    if n <= last {
+        return table[n];
+    }
+    let step = if last > 0 {
+        table[last] - table[last - 1]
+    } else {
+        0.0
+    };
+    table[last] + step.max(0.0) * (n - last) as f32
+}
 
 /// splitmix64 finaliser.
 #[inline]
@@ -469,6 +487,11 @@ pub struct SuffixDrafter {
     // acceptance estimates.
     row_cost: f32,
     row_cost_growth: f32,
+    /// Measured pass cost by drafts (index n: a pass of n drafts, relative to a one-row pass);
+    /// when set it replaces the (r, g) model.
+    pass_costs: Vec<f32>,
+    /// Best-first order of the last selection with each node's probability (scratch).
+    order: Vec<(u32, f32)>,
     /// Per match-length class: decayed accepted drafts and trials (accepted drafts plus
     /// rejections) of drafts proposed after a match of that length.
     succ: [f32; CLASSES],
@@ -512,6 +535,8 @@ impl SuffixDrafter {
             last_ctx: 0,
             row_cost: cfg.row_cost,
             row_cost_growth: 0.0,
+            pass_costs: Vec::new(),
+            order: Vec::new(),
             succ: [0.0; CLASSES],
             trials: [0.0; CLASSES],
             reach: Vec::new(),
@@ -674,6 +699,8 @@ impl SuffixDrafter {
             subs,
             last_rows,
             cfg,
+            order,
+            pass_costs: table,
             ..
         } = self;
         let toks = &index.tokens;
@@ -764,6 +791,7 @@ impl SuffixDrafter {
         };
         push_children(heap, nodes, 0);
         let (mut chosen, mut expected) = (0usize, 1.0f32);
+        order.clear();
         while chosen < budget {
             let Some(&(bits, _, Reverse(c))) = heap.peek() else {
                 break;
@@ -773,14 +801,39 @@ impl SuffixDrafter {
             // expected / C(chosen), i.e. p · C(chosen) ≥ expected · (C(chosen + 1) − C(chosen)),
             // the step being r + g·(2·chosen + 1) (exactly r on a line).
             let step = cost.0 + cost.1 * (2 * chosen + 1) as f32;
-            if chosen >= probe && p * Self::pass_cost(cost, chosen) < step * expected {
+            if table.is_empty()
+                && chosen >= probe
+                && p * Self::pass_cost(cost, chosen) < step * expected
+            {
                 break;
             }
             heap.pop();
             nodes[c as usize].selected = true;
+            order.push((c, p));
             chosen += 1;
             expected += p;
             push_children(heap, nodes, c as usize);
+        }
+        if !table.is_empty() {
+            // A measured curve need not be convex (it climbs in steps where the device changes
+            // kernels or threads), so the greedy stop above could halt at a step it would pay
+            // to fill: take the prefix of the best-first order with the most expected tokens
+            // per unit of cost instead.
+            let (mut best_n, mut best) = (0usize, 1.0 / table_cost(table, 0));
+            let mut e = 1.0f32;
+            for (i, &(_, p)) in order.iter().enumerate() {
+                e += p;
+                let v = e / table_cost(table, i + 1);
+                if v > best {
+                    best = v;
+                    best_n = i + 1;
+                }
+            }
+            best_n = best_n.max(probe.min(order.len()));
+            for &(c, _) in &order[best_n..] {
+                nodes[c as usize].selected = false;
+            }
+            chosen = best_n;
         }
         if chosen == 0 {
             return 0;
@@ -930,6 +983,13 @@ impl Drafter for SuffixDrafter {
     fn set_row_cost_growth(&mut self, growth: f32) {
         if growth.is_finite() {
             self.row_cost_growth = growth.clamp(0.0, 4.0);
+        }
+    }
+
+    fn set_pass_costs(&mut self, costs: &[f32]) {
+        self.pass_costs.clear();
+        if costs.len() >= 2 && costs.iter().all(|c| c.is_finite() && *c > 0.0) {
+            self.pass_costs.extend_from_slice(costs);
         }
     }
 }
@@ -1204,6 +1264,52 @@ mod tests {
             d.propose(&ctx, budget, &mut t);
             assert_eq!(t.num_drafts(), budget);
         }
+    }
+
+    /// With a measured curve that climbs in steps (1–3 drafts cost as much as 3, 4–7 as
+    /// much as 7), the drafter fills the step it pays for instead of stopping inside it, and
+    /// a longer match (higher estimates) climbs to a higher step.
+    #[test]
+    fn a_stepped_cost_curve_fills_its_steps() {
+        let steps: Vec<f32> = (0..=15)
+            .map(|n| match n {
+                0 => 1.0,
+                1..=3 => 1.6,
+                4..=7 => 2.5,
+                _ => 3.65,
+            })
+            .collect();
+        let source = lcg_tokens(7, 300, 1000);
+        let (mut sizes, mut line_sizes) = (Vec::new(), Vec::new());
+        for copied in [2usize, 6, 12, 40] {
+            // The prompt is the source; the output so far copies its first `copied` tokens
+            // (after a token the source does not have), so the match is `copied` long.
+            let mut ctx = source.clone();
+            ctx.push(5000);
+            ctx.extend_from_slice(&source[..copied]);
+            let mut d = drafter(SuffixConfig::default());
+            d.set_pass_costs(&steps);
+            let mut t = DraftTree::new();
+            d.propose(&ctx, 15, &mut t);
+            t.check().unwrap();
+            sizes.push(t.num_drafts());
+            // The same drafter told a line of about the curve's average slope instead.
+            let mut line = drafter(SuffixConfig::default());
+            line.set_row_cost(0.2);
+            line.propose(&ctx, 15, &mut t);
+            line_sizes.push(t.num_drafts());
+        }
+        // (What the test tells apart: the line's greedy stop lands inside steps here.)
+        assert!(
+            line_sizes.iter().any(|n| ![0, 3, 7, 15].contains(n)),
+            "{line_sizes:?}"
+        );
+        assert!(
+            sizes.iter().all(|n| [0, 3, 7, 15].contains(n)),
+            "drafts {sizes:?} stop inside a step"
+        );
+        assert!(sizes.windows(2).all(|w| w[0] <= w[1]), "{sizes:?}");
+        assert!(sizes[3] == 15 && sizes[0] < 15, "{sizes:?}");
     }
 
     #[test]
