@@ -3,12 +3,13 @@
 //! [`Drafter::set_row_cost_growth`] while too little is measured).
 //!
 //! **The measured curve.** Each pass size keeps its last few times; a size's cost is the
-//! median of them over the one-row pass's median. The curve need not be smooth: on the
-//! 16-core Xeon host (bench/RESULTS.md, eighteenth and nineteenth sessions) passes of 2–4,
-//! 5–8 and 9–16 rows run on different thread counts and kernels (AMX tiles from 5 rows), so
-//! the cost climbs in steps, and a drafter that knows it fills a step it has paid for. A size
-//! with too few times, or none for a while (its estimate could be an old stall that nothing
-//! would ever correct), takes the fit below.
+//! median of them over the one-row pass's median. The curve need not follow a parabola:
+//! pass sizes run on different thread counts and kernels (AMX tiles from 5 rows), and on the
+//! 16-core Xeon host (bench/RESULTS.md, nineteenth session) the first extra row alone cost
+//! 0.8 one-row passes while 3–8 rows climbed slowly after it; where the curve climbs in steps
+//! a drafter that knows it fills a step it has paid for. A size with too few times, or none
+//! for a while (its estimate could be an old stall that nothing would ever correct), takes
+//! the fit below. The one-row pass, run in every generation, has no such expiry.
 //!
 //! **The fit.** Pass times are fitted as t ≈ a + b·x + c·x² (x = T − 1, the pass's drafts) by
 //! least squares over a decaying window; b / a is what one more row costs relative to a
@@ -128,9 +129,7 @@ impl PassCost {
             line
         }
     }
-}
 
-impl PassCost {
     /// The cost of a pass of n drafts for n = 0..=`max_drafts`, relative to a one-row pass,
     /// into `out`: a size's median where it is measured (see the module notes), else the fit.
     /// False (and `out` empty) until one-row passes and the fit are both known.
