@@ -16,6 +16,9 @@
 //! a time: a call that finds it busy (another thread's loop, or a loop nested in a pool item)
 //! runs its items on the calling thread, in order. A panic in `f` is re-raised on the caller.
 
+#[cfg(feature = "pool-profile")]
+pub mod profile;
+
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -138,6 +141,8 @@ impl Pool {
 
 /// Runs the current loop's items until none are left.
 fn run_items(shared: &Shared, job: &Job) {
+    #[cfg(feature = "pool-profile")]
+    let _busy = profile::Busy::new();
     // SAFETY: the submitter keeps `*job.f` alive until every participant has returned.
     let f = unsafe { &*job.f };
     loop {
@@ -152,6 +157,8 @@ fn run_items(shared: &Shared, job: &Job) {
 }
 
 fn worker(shared: &'static Shared, index: usize) {
+    #[cfg(feature = "pool-profile")]
+    profile::set_worker_index(index);
     let mut seen = 0u64;
     // Since the last loop this worker took part in: a worker left out of loops (a smaller
     // `--threads`) parks after SPIN_LIMIT and stays parked.
@@ -234,10 +241,13 @@ pub fn participants() -> usize {
 }
 
 /// Calls `f(i)` for every `i < n` in parallel (see the module notes).
+#[cfg_attr(feature = "pool-profile", track_caller)]
 pub fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) {
     if n == 0 {
         return;
     }
+    #[cfg(feature = "pool-profile")]
+    let _probe = profile::Probe::new(std::panic::Location::caller());
     let threads = participants();
     let p = pool();
     let want = (threads - 1).min(max_workers()).min(n - 1);
@@ -286,6 +296,8 @@ pub fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) {
             !wake
         });
     run_items(shared, &job);
+    #[cfg(feature = "pool-profile")]
+    let _wait = profile::Wait::new();
     while shared.done.load(Ordering::Acquire) < workers {
         std::hint::spin_loop();
     }
@@ -299,6 +311,7 @@ pub fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) {
 
 /// Splits `data` into chunks of `chunk` elements (the last may be shorter) and calls
 /// `f(index, chunk)` for each, in parallel, `per` consecutive chunks per pool item.
+#[cfg_attr(feature = "pool-profile", track_caller)]
 pub fn for_each_chunk_mut<T: Send>(
     data: &mut [T],
     chunk: usize,
@@ -326,6 +339,7 @@ pub fn for_each_chunk_mut<T: Send>(
 
 /// [`for_each_chunk_mut`] over two slices cut into the same number of chunks: `f(index,
 /// chunk of a, chunk of b)`, one chunk pair per pool item.
+#[cfg_attr(feature = "pool-profile", track_caller)]
 pub fn for_each_chunk_pair_mut<A: Send, B: Send>(
     a: &mut [A],
     chunk_a: usize,
@@ -357,6 +371,16 @@ pub fn for_each_chunk_pair_mut<A: Send, B: Send>(
         };
         f(c, ca, cb);
     });
+}
+
+/// Where a pass's time goes (diagnosis builds only, see [`profile`]): `span("name")` times the
+/// guard's scope on the calling thread; without the `pool-profile` feature it is nothing.
+#[cfg(not(feature = "pool-profile"))]
+#[inline(always)]
+pub fn span(_name: &'static str) {}
+#[cfg(feature = "pool-profile")]
+pub fn span(name: &'static str) -> profile::Span {
+    profile::Span::new(name)
 }
 
 /// A raw pointer shared by the items of one loop, which touch disjoint elements (each use says
