@@ -199,6 +199,33 @@ pub fn linear(x: &[f32], t: usize, w: &Matrix, bias: Option<&[f32]>, out: &mut [
     }
 }
 
+/// The MLP's down projection of SwiGLU: `gate ← silu(gate) · up` ([`crate::activation::swiglu`])
+/// and then `out = gate · Wᵀ (+ bias)`, bitwise those two calls. For packed weights the
+/// elementwise step runs inside the linear's loop, each participant on the rows it quantizes
+/// ([`quant::linear_packed_swiglu_with`]); otherwise (or for one row, which the loop could
+/// not spread) the two calls as they are.
+pub fn linear_swiglu(
+    gate: &mut [f32],
+    up: &[f32],
+    t: usize,
+    w: &Matrix,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    // One row is one chunk of the shared quantizer: nothing to spread, so the plain steps.
+    let (true, WeightData::Packed(p)) = (t > 1, &w.data) else {
+        crate::activation::swiglu(gate, up);
+        linear(gate, t, w, bias, out);
+        return;
+    };
+    assert_eq!(gate.len(), t * w.cols, "linear: input is not [T, in]");
+    assert_eq!(out.len(), t * w.rows, "linear: output is not [T, out]");
+    quant::linear_packed_swiglu_with(quant::Kernel::best(), gate, up, t, p, out);
+    if let Some(b) = bias {
+        add_bias(out, w.rows, b);
+    }
+}
+
 /// `out[t][r] += bias[r]` for every row t of `out` ([T, n_out]).
 fn add_bias(out: &mut [f32], n_out: usize, bias: &[f32]) {
     for row in out.chunks_mut(n_out) {
@@ -227,6 +254,73 @@ pub fn linear_many(
         biases.len(),
         outs.len()
     );
+    let Some(packed) = packed_set(ws) else {
+        for ((w, b), o) in ws.iter().zip(biases).zip(outs.iter_mut()) {
+            linear(x, t, w, *b, o);
+        }
+        return;
+    };
+    for (w, o) in ws.iter().zip(outs.iter()) {
+        assert_eq!(x.len(), t * w.cols, "linear: input is not [T, in]");
+        assert_eq!(o.len(), t * w.rows, "linear: output is not [T, out]");
+    }
+    quant::linear_packed_many_with(quant::Kernel::best(), x, t, &packed[..ws.len()], outs);
+    add_biases(ws, biases, outs);
+}
+
+/// [`linear_many`] of `x = rms_norm(h + add) · weight` ([`quant::AddNorm`]: a layer's residual
+/// step and RMSNorm), leaving `h + add` in `h` and the normed rows in `x`, bitwise the serial
+/// steps followed by [`linear_many`]. When every matrix is packed the two steps run inside the
+/// linears' loop, each participant on the rows it quantizes (on the submitting thread they
+/// cost ~30 µs per verify row and pass of SmolLM2-135M on the 2-vCPU dev VM while the pool
+/// waited); otherwise (or for one row, which the loop could not spread) they run first, on
+/// this thread.
+pub fn linear_many_add_norm(
+    input: quant::AddNorm<'_>,
+    t: usize,
+    ws: &[&Matrix],
+    biases: &[Option<&[f32]>],
+    outs: &mut [&mut [f32]],
+) {
+    assert!(
+        ws.len() == outs.len() && ws.len() == biases.len(),
+        "linear_many: {} matrices, {} biases, {} outputs",
+        ws.len(),
+        biases.len(),
+        outs.len()
+    );
+    // One row is one chunk of the shared quantizer: nothing to spread, so the serial steps.
+    let (true, Some(packed)) = (t > 1, packed_set(ws)) else {
+        let quant::AddNorm {
+            h,
+            add,
+            weight,
+            eps,
+            x,
+        } = input;
+        quant::AddNorm {
+            h,
+            add,
+            weight,
+            eps,
+            x: &mut *x,
+        }
+        .run_serial();
+        linear_many(x, t, ws, biases, outs);
+        return;
+    };
+    for (w, o) in ws.iter().zip(outs.iter()) {
+        assert_eq!(input.x.len(), t * w.cols, "linear: input is not [T, in]");
+        assert_eq!(o.len(), t * w.rows, "linear: output is not [T, out]");
+    }
+    let kernel = quant::Kernel::best();
+    quant::linear_packed_many_add_norm_with(kernel, input, t, &packed[..ws.len()], outs);
+    add_biases(ws, biases, outs);
+}
+
+/// The matrices as packed data when every one is packed, of one width and at most
+/// [`quant::MAX_MANY`] (the slots past `ws.len()` repeat the first).
+fn packed_set<'a>(ws: &[&'a Matrix]) -> Option<[&'a PackedQuant; quant::MAX_MANY]> {
     fn as_packed(w: &Matrix) -> Option<&PackedQuant> {
         match &w.data {
             WeightData::Packed(p) => Some(p),
@@ -239,21 +333,15 @@ pub fn linear_many(
             .iter()
             .all(|w| as_packed(w).is_some() && w.cols == ws[0].cols);
     if !fused {
-        for ((w, b), o) in ws.iter().zip(biases).zip(outs.iter_mut()) {
-            linear(x, t, w, *b, o);
-        }
-        return;
+        return None;
     }
-    let Some(first) = ws.first().and_then(|w| as_packed(w)) else {
-        unreachable!("every matrix was checked to be packed")
-    };
-    let packed: [&PackedQuant; quant::MAX_MANY] =
-        std::array::from_fn(|m| ws.get(m).and_then(|w| as_packed(w)).unwrap_or(first));
-    for (w, o) in ws.iter().zip(outs.iter()) {
-        assert_eq!(x.len(), t * w.cols, "linear: input is not [T, in]");
-        assert_eq!(o.len(), t * w.rows, "linear: output is not [T, out]");
-    }
-    quant::linear_packed_many_with(quant::Kernel::best(), x, t, &packed[..ws.len()], outs);
+    let first = as_packed(ws[0])?;
+    Some(std::array::from_fn(|m| {
+        ws.get(m).and_then(|w| as_packed(w)).unwrap_or(first)
+    }))
+}
+
+fn add_biases(ws: &[&Matrix], biases: &[Option<&[f32]>], outs: &mut [&mut [f32]]) {
     for ((w, b), o) in ws.iter().zip(biases).zip(outs.iter_mut()) {
         if let Some(b) = b {
             add_bias(o, w.rows, b);
@@ -418,6 +506,116 @@ mod tests {
         linear(&x, t, &q, None, &mut a2);
         linear(&x, t, &f, None, &mut b2);
         assert!(a == a2 && b == b2);
+    }
+
+    /// The fused SwiGLU down projection gives bitwise `swiglu` then [`linear`], and leaves the
+    /// gate as `swiglu` does: SmolLM2's down shape (576 × 1536) and a tail of rows past the last
+    /// whole group, Q4_1 and Q8_0, T = 1, 3, 8 and 17, with a bias; and unpacked weights.
+    #[test]
+    fn linear_swiglu_is_bitwise_swiglu_then_linear() {
+        let mats = [
+            packed(QuantType::Q4_1, 576, 1536, 5),
+            packed(QuantType::Q8_0, 21, 256, 6),
+            Matrix::new(8, 64, WeightData::F32(rand_vec(8 * 64, 7))),
+        ];
+        for (mi, w) in mats.iter().enumerate() {
+            let bias = rand_vec(w.rows, 8);
+            for t in [1, 3, 8, 17] {
+                let gate: Vec<f32> = rand_vec(t * w.cols, 50 + t as u64)
+                    .iter()
+                    .map(|v| v * 12.0)
+                    .collect();
+                let up = rand_vec(t * w.cols, 60 + t as u64);
+                let mut want_gate = gate.clone();
+                crate::activation::swiglu(&mut want_gate, &up);
+                let mut want = vec![0.0; t * w.rows];
+                linear(&want_gate, t, w, Some(&bias), &mut want);
+                let mut got_gate = gate.clone();
+                let mut got = vec![f32::NAN; t * w.rows];
+                linear_swiglu(&mut got_gate, &up, t, w, Some(&bias), &mut got);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "matrix {mi} T {t}: outputs");
+                assert_eq!(bits(&got_gate), bits(&want_gate), "matrix {mi} T {t}: gate");
+            }
+        }
+    }
+
+    /// The residual step and RMSNorm inside the linears' loop give bitwise the serial steps
+    /// then [`linear_many`], and leave `h` and `x` as those do: SmolLM2's q/k/v and gate/up
+    /// shapes at T = 1, 2, 8 and 17, with and without the added rows, and a set with an
+    /// unpacked matrix (the serial fallback).
+    #[test]
+    fn linear_many_add_norm_is_bitwise_the_serial_steps() {
+        let cols = 576;
+        let sets: [Vec<Matrix>; 3] = [
+            vec![
+                packed(QuantType::Q4_1, 576, cols, 21),
+                packed(QuantType::Q4_1, 192, cols, 22),
+                packed(QuantType::Q4_1, 192, cols, 23),
+            ],
+            vec![
+                packed(QuantType::Q4_1, 1536, cols, 24),
+                packed(QuantType::Q8_0, 1536, cols, 25),
+            ],
+            vec![
+                packed(QuantType::Q4_1, 40, cols, 26),
+                Matrix::new(8, cols, WeightData::F32(rand_vec(8 * cols, 27))),
+            ],
+        ];
+        let weight: Vec<f32> = rand_vec(cols, 28).iter().map(|v| 1.0 + v).collect();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (si, ws) in sets.iter().enumerate() {
+            let refs: Vec<&Matrix> = ws.iter().collect();
+            let biases: Vec<Option<&[f32]>> = vec![None; ws.len()];
+            for t in [1, 2, 8, 17] {
+                for with_add in [false, true] {
+                    let h0: Vec<f32> = rand_vec(t * cols, 30 + t as u64)
+                        .iter()
+                        .map(|v| v * 8.0)
+                        .collect();
+                    let add = rand_vec(t * cols, 40 + t as u64);
+                    let add = with_add.then_some(&add[..]);
+                    // Serial: h += add, x = rms_norm(h), then the linears.
+                    let mut h_want = h0.clone();
+                    if let Some(a) = add {
+                        for (hv, av) in h_want.iter_mut().zip(a) {
+                            *hv += av;
+                        }
+                    }
+                    let mut x_want = vec![0.0; t * cols];
+                    crate::norm::rms_norm(&h_want, &weight, 1e-5, &mut x_want);
+                    let mut want: Vec<Vec<f32>> =
+                        ws.iter().map(|w| vec![0.0; t * w.rows]).collect();
+                    {
+                        let mut outs: Vec<&mut [f32]> =
+                            want.iter_mut().map(|o| &mut o[..]).collect();
+                        linear_many(&x_want, t, &refs, &biases, &mut outs);
+                    }
+                    let mut h = h0.clone();
+                    let mut x = vec![f32::NAN; t * cols];
+                    let mut got: Vec<Vec<f32>> =
+                        ws.iter().map(|w| vec![f32::NAN; t * w.rows]).collect();
+                    {
+                        let mut outs: Vec<&mut [f32]> =
+                            got.iter_mut().map(|o| &mut o[..]).collect();
+                        let input = quant::AddNorm {
+                            h: &mut h,
+                            add,
+                            weight: &weight,
+                            eps: 1e-5,
+                            x: &mut x,
+                        };
+                        linear_many_add_norm(input, t, &refs, &biases, &mut outs);
+                    }
+                    let what = format!("set {si} T {t} add {with_add}");
+                    assert_eq!(bits(&h), bits(&h_want), "{what}: h");
+                    assert_eq!(bits(&x), bits(&x_want), "{what}: x");
+                    for (m, (g, w)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(bits(g), bits(w), "{what}: matrix {m}");
+                    }
+                }
+            }
+        }
     }
 
     proptest! {

@@ -9,6 +9,17 @@
 //! wait always ends whatever the pool does (a busy pool that runs every item on the caller
 //! quantizes all chunks in its first item). The units are the same bits whichever thread
 //! writes them.
+//!
+//! The input may also be made on the way: [`SharedQuantize::with_swiglu`] applies SwiGLU
+//! (`gate ← silu(gate) · up`, [`crate::activation::swiglu`]) to each claimed chunk of rows in
+//! place before quantizing it, so that the MLP's elementwise step is spread over the down
+//! projection's participants instead of running on the submitting thread while the pool waits
+//! (1536 values per row and layer of SmolLM2-135M: ~35 µs per verify row and pass on the
+//! 2-vCPU dev VM). The gate rows end as `swiglu` leaves them and the units are the bits of
+//! quantizing them, so the fused call is bitwise `swiglu` followed by the plain one.
+//! [`SharedQuantize::with_add_norm`] does the same for a layer's residual step and RMSNorm
+//! (`h ← h + y`, `x ← rms_norm(h) · w`, [`crate::norm::rms_norm`], row by row), leaving both
+//! `h` and `x` as the serial steps would.
 
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,9 +27,28 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::act::{ActBlock, PARALLEL_MIN_VALUES, check_rows, quantize_into, units_per_row};
 use crate::pool::SendPtr;
 
+/// How a chunk's input rows are made before they are quantized.
+enum Prologue<'a> {
+    /// `x` as it is (never written).
+    None,
+    /// SwiGLU's up rows (same shape as `x`): `x` holds the gate and is rewritten to
+    /// `silu(gate) · up`.
+    SwiGlu { up: &'a [f32] },
+    /// The residual stream `h` (same shape as `x`, written): `h ← h + add` (when given), then
+    /// `x ← rms_norm(h) · weight`.
+    AddNorm {
+        h: SendPtr<f32>,
+        add: Option<&'a [f32]>,
+        weight: &'a [f32],
+        eps: f32,
+    },
+}
+
 /// The input of one loop, quantized in chunks by whoever claims them.
 pub(crate) struct SharedQuantize<'a, A: ActBlock> {
-    x: &'a [f32],
+    /// The input rows; written by a prologue other than `None` (a claimed chunk's rows only).
+    x: SendPtr<f32>,
+    prologue: Prologue<'a>,
     cols: usize,
     per_row: usize,
     rows: usize,
@@ -27,8 +57,10 @@ pub(crate) struct SharedQuantize<'a, A: ActBlock> {
     out: SendPtr<A>,
     next: AtomicUsize,
     done: AtomicUsize,
-    /// `out`'s buffer stays borrowed mutably for as long as this exists.
+    /// `out`'s buffer stays borrowed mutably for as long as this exists, and `x` borrowed
+    /// (mutably where it is rewritten).
     _out: PhantomData<&'a mut [A]>,
+    _x: PhantomData<&'a [f32]>,
 }
 
 impl<'a, A: ActBlock> SharedQuantize<'a, A> {
@@ -36,7 +68,74 @@ impl<'a, A: ActBlock> SharedQuantize<'a, A> {
     /// is quantized until [`Self::quantize_and_wait`].
     pub fn new(x: &'a [f32], cols: usize, out: &'a mut Vec<A>) -> Self {
         check_rows::<A>(x, cols);
-        let rows = x.len() / cols;
+        // Never written through: no prologue.
+        let len = x.len();
+        Self::build(
+            SendPtr(x.as_ptr() as *mut f32),
+            len,
+            Prologue::None,
+            cols,
+            out,
+        )
+    }
+
+    /// Quantizes `silu(gate) · up` row by row, leaving it in `gate` (see the module notes).
+    pub fn with_swiglu(
+        gate: &'a mut [f32],
+        up: &'a [f32],
+        cols: usize,
+        out: &'a mut Vec<A>,
+    ) -> Self {
+        check_rows::<A>(gate, cols);
+        assert_eq!(gate.len(), up.len(), "swiglu: gate and up differ in length");
+        let len = gate.len();
+        Self::build(
+            SendPtr(gate.as_mut_ptr()),
+            len,
+            Prologue::SwiGlu { up },
+            cols,
+            out,
+        )
+    }
+
+    /// Quantizes `x ← rms_norm(h + add) · weight` row by row (`weight`: `cols` values), leaving
+    /// `h + add` in `h` and the normed rows in `x` (see the module notes).
+    pub fn with_add_norm(
+        h: &'a mut [f32],
+        add: Option<&'a [f32]>,
+        weight: &'a [f32],
+        eps: f32,
+        x: &'a mut [f32],
+        out: &'a mut Vec<A>,
+    ) -> Self {
+        let cols = weight.len();
+        check_rows::<A>(x, cols);
+        assert_eq!(h.len(), x.len(), "add_norm: h and x differ in length");
+        if let Some(a) = add {
+            assert_eq!(
+                a.len(),
+                h.len(),
+                "add_norm: h and the added rows differ in length"
+            );
+        }
+        let prologue = Prologue::AddNorm {
+            h: SendPtr(h.as_mut_ptr()),
+            add,
+            weight,
+            eps,
+        };
+        let len = x.len();
+        Self::build(SendPtr(x.as_mut_ptr()), len, prologue, cols, out)
+    }
+
+    fn build(
+        x: SendPtr<f32>,
+        len: usize,
+        prologue: Prologue<'a>,
+        cols: usize,
+        out: &'a mut Vec<A>,
+    ) -> Self {
+        let rows = len / cols;
         let per_row = units_per_row::<A>(cols);
         // Grown, never shrunk: a call's size alternates (576 and 1536 columns, a 49152-row LM
         // head's T rows), and `resize` down then up again wrote every unit anew on this
@@ -50,6 +149,7 @@ impl<'a, A: ActBlock> SharedQuantize<'a, A> {
         let rows_per_chunk = PARALLEL_MIN_VALUES.div_ceil(cols).max(1);
         SharedQuantize {
             x,
+            prologue,
             cols,
             per_row,
             rows,
@@ -59,6 +159,7 @@ impl<'a, A: ActBlock> SharedQuantize<'a, A> {
             next: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
             _out: PhantomData,
+            _x: PhantomData,
         }
     }
 
@@ -85,7 +186,42 @@ impl<'a, A: ActBlock> SharedQuantize<'a, A> {
                     (r1 - r0) * self.per_row,
                 )
             };
-            quantize_into(&self.x[r0 * self.cols..r1 * self.cols], self.cols, o);
+            let (v0, n) = (r0 * self.cols, (r1 - r0) * self.cols);
+            let x: &[f32] = match &self.prologue {
+                Prologue::SwiGlu { up } => {
+                    // SAFETY: rows r0..r1 of the gate (inside it: r1 ≤ rows) belong to chunk
+                    // c, claimed once; `with_swiglu` borrowed the gate mutably for 'a, and
+                    // nobody else reads these rows (the units are read, not the gate).
+                    let g = unsafe { std::slice::from_raw_parts_mut(self.x.get().add(v0), n) };
+                    crate::activation::swiglu(g, &up[v0..v0 + n]);
+                    g
+                }
+                Prologue::AddNorm {
+                    h,
+                    add,
+                    weight,
+                    eps,
+                } => {
+                    // SAFETY: as above, rows r0..r1 of `h` and `x` (both `rows · cols` values,
+                    // borrowed mutably by `with_add_norm` for 'a) belong to chunk c alone.
+                    let (hr, xr) = unsafe {
+                        (
+                            std::slice::from_raw_parts_mut(h.get().add(v0), n),
+                            std::slice::from_raw_parts_mut(self.x.get().add(v0), n),
+                        )
+                    };
+                    if let Some(a) = add {
+                        for (hv, av) in hr.iter_mut().zip(&a[v0..v0 + n]) {
+                            *hv += av;
+                        }
+                    }
+                    crate::norm::rms_norm(hr, weight, *eps, xr);
+                    xr
+                }
+                // SAFETY: `new` borrowed these `len` values shared for 'a; never written.
+                Prologue::None => unsafe { std::slice::from_raw_parts(self.x.get().add(v0), n) },
+            };
+            quantize_into(x, self.cols, o);
         }
         while self.done.load(Ordering::Acquire) < self.chunks {
             std::hint::spin_loop();
@@ -140,6 +276,53 @@ mod tests {
                 assert!(
                     seen.iter().all(|&s| s),
                     "rows {rows} cols {cols} items {items}"
+                );
+            }
+        }
+    }
+
+    /// The SwiGLU prologue: every participant count gives the units of quantizing
+    /// `swiglu(gate, up)`, and leaves that in the gate.
+    #[test]
+    fn the_swiglu_prologue_quantizes_what_swiglu_gives() {
+        for (rows, cols) in [(1, 1536), (2, 1536), (5, 1536), (9, 576), (3, 32)] {
+            let gate: Vec<f32> = (0..rows * cols)
+                .map(|i| (i as f32 * 0.61).sin() * 4.0 - 0.3)
+                .collect();
+            let up: Vec<f32> = (0..rows * cols)
+                .map(|i| (i as f32 * 0.23).cos() * 2.0 + 0.1)
+                .collect();
+            let mut want_x = gate.clone();
+            crate::activation::swiglu(&mut want_x, &up);
+            let mut want: Vec<PairQ8x2> = Vec::new();
+            quantize_rows(&want_x, cols, &mut want);
+            for items in [1, 2, 7] {
+                let mut g = gate.clone();
+                let mut out: Vec<PairQ8x2> = Vec::new();
+                let all_same = {
+                    let shared = SharedQuantize::with_swiglu(&mut g, &up, cols, &mut out);
+                    let seen = std::sync::Mutex::new(Vec::new());
+                    crate::pool::for_each(items, &|_| {
+                        let units = shared.quantize_and_wait();
+                        let same = units.len() == want.len()
+                            && units
+                                .iter()
+                                .zip(&want)
+                                .all(|(a, b)| format!("{a:?}") == format!("{b:?}"));
+                        seen.lock().expect("lock").push(same);
+                    });
+                    seen.into_inner().expect("lock")
+                };
+                assert_eq!(all_same.len(), items);
+                assert!(
+                    all_same.iter().all(|&s| s),
+                    "rows {rows} cols {cols} items {items}"
+                );
+                assert!(
+                    g.iter()
+                        .zip(&want_x)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "rows {rows} cols {cols} items {items}: the gate is not swiglu's output"
                 );
             }
         }

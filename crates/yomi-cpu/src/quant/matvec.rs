@@ -301,15 +301,124 @@ pub fn linear_packed_many_with(
         return;
     }
     match kernel.precision() {
-        Precision::Int8 => packed_run(&ACT_Q8, kernel, x, t, ps, outs),
-        Precision::Int8x2 => packed_run(&ACT_Q8X2, kernel, x, t, ps, outs),
+        Precision::Int8 => packed_run(&ACT_Q8, kernel, Input::Rows(x), t, ps, outs),
+        Precision::Int8x2 => packed_run(&ACT_Q8X2, kernel, Input::Rows(x), t, ps, outs),
+    }
+}
+
+/// `swiglu(gate, up)` and then [`linear_packed_with`] of the result (`out[T, rows] =
+/// gate'[T, cols] · Wᵀ`, leaving `gate' = silu(gate) · up` in `gate`), bitwise the two calls,
+/// with the elementwise step done by the loop's participants as they quantize the rows
+/// ([`SharedQuantize::with_swiglu`]) rather than by the caller alone.
+pub fn linear_packed_swiglu_with(
+    kernel: Kernel,
+    gate: &mut [f32],
+    up: &[f32],
+    t: usize,
+    p: &PackedQuant,
+    out: &mut [f32],
+) {
+    let cols = p.cols();
+    assert_eq!(gate.len(), t * cols, "linear_packed: input is not [T, in]");
+    assert_eq!(up.len(), gate.len(), "swiglu: gate and up differ in length");
+    assert_eq!(
+        out.len(),
+        t * p.rows(),
+        "linear_packed: output is not [T, out]"
+    );
+    if t == 0 {
+        return;
+    }
+    let input = Input::SwiGlu { gate, up };
+    match kernel.precision() {
+        Precision::Int8 => packed_run(&ACT_Q8, kernel, input, t, &[p], &mut [out]),
+        Precision::Int8x2 => packed_run(&ACT_Q8X2, kernel, input, t, &[p], &mut [out]),
+    }
+}
+
+/// What a packed linear quantizes: rows as given, or SwiGLU's output made from gate and up
+/// rows on the way (see [`SharedQuantize::with_swiglu`]).
+enum Input<'a> {
+    Rows(&'a [f32]),
+    SwiGlu { gate: &'a mut [f32], up: &'a [f32] },
+    AddNorm(AddNorm<'a>),
+}
+
+/// A layer's residual step and RMSNorm before its linears: `h ← h + add` (when given), then
+/// `x ← rms_norm(h) · weight` ([`crate::norm::rms_norm`]); each [T, cols], `weight` [cols].
+pub struct AddNorm<'a> {
+    pub h: &'a mut [f32],
+    pub add: Option<&'a [f32]>,
+    pub weight: &'a [f32],
+    pub eps: f32,
+    pub x: &'a mut [f32],
+}
+
+impl AddNorm<'_> {
+    /// The two steps on this thread, as they were before they moved into the loops.
+    pub fn run_serial(self) {
+        if let Some(a) = self.add {
+            for (hv, av) in self.h.iter_mut().zip(a) {
+                *hv += av;
+            }
+        }
+        crate::norm::rms_norm(self.h, self.weight, self.eps, self.x);
+    }
+}
+
+/// [`linear_packed_many_with`] of `x = rms_norm(h + add) · weight` (see [`AddNorm`]), bitwise
+/// the serial steps followed by the plain call, with both steps done by the loop's
+/// participants on the rows they quantize; `h` and `x` end as the serial steps leave them.
+pub fn linear_packed_many_add_norm_with(
+    kernel: Kernel,
+    input: AddNorm<'_>,
+    t: usize,
+    ps: &[&PackedQuant],
+    outs: &mut [&mut [f32]],
+) {
+    assert!(
+        !ps.is_empty() && ps.len() <= MAX_MANY && ps.len() == outs.len(),
+        "linear_packed_many: {} matrices, {} outputs (1..={MAX_MANY})",
+        ps.len(),
+        outs.len()
+    );
+    let cols = ps[0].cols();
+    assert_eq!(
+        input.x.len(),
+        t * cols,
+        "linear_packed: input is not [T, in]"
+    );
+    assert_eq!(
+        input.weight.len(),
+        cols,
+        "add_norm: the norm's width is not the input's"
+    );
+    for (p, o) in ps.iter().zip(outs.iter()) {
+        assert_eq!(
+            p.cols(),
+            cols,
+            "linear_packed_many: matrices of different widths"
+        );
+        assert_eq!(
+            o.len(),
+            t * p.rows(),
+            "linear_packed: output is not [T, out]"
+        );
+    }
+    if t == 0 {
+        return;
+    }
+    let input = Input::AddNorm(input);
+    match kernel.precision() {
+        Precision::Int8 => packed_run(&ACT_Q8, kernel, input, t, ps, outs),
+        Precision::Int8x2 => packed_run(&ACT_Q8X2, kernel, input, t, ps, outs),
     }
 }
 
 fn packed_run<A: Act32>(
     key: &'static LocalKey<RefCell<Vec<A>>>,
     kernel: Kernel,
-    x: &[f32],
+    input: Input<'_>,
     t: usize,
     ps: &[&PackedQuant],
     outs: &mut [&mut [f32]],
@@ -324,7 +433,17 @@ fn packed_run<A: Act32>(
     with_scratch(key, |acts| {
         // The input is quantized by the loop's participants before they read it
         // ([`SharedQuantize`]; by the tail below when there is no loop).
-        let shared = SharedQuantize::new(x, cols, acts);
+        let shared = match input {
+            Input::Rows(x) => SharedQuantize::new(x, cols, acts),
+            Input::SwiGlu { gate, up } => SharedQuantize::with_swiglu(gate, up, cols, acts),
+            Input::AddNorm(AddNorm {
+                h,
+                add,
+                weight,
+                eps,
+                x,
+            }) => SharedQuantize::with_add_norm(h, add, weight, eps, x, acts),
+        };
         let unit_bytes = std::mem::size_of::<A>() * nb;
         // With AMX, a tile is 16 rows (one tile product) whatever the row size: the tile
         // instructions' fixed cost per block wants the tallest tiles.

@@ -64,7 +64,10 @@ pub use act::{
     Act32, Act256, ActBlock, BlockQ8K, BlockQ8Kx2, PairQ8, PairQ8x2, quantize, quantize_rows,
 };
 pub use formats::{QK, QK_K, dequantize_row, quantize_row};
-pub use matvec::{MAX_MANY, linear_packed_many_with, linear_packed_with, linear_quant_with};
+pub use matvec::{
+    AddNorm, MAX_MANY, linear_packed_many_add_norm_with, linear_packed_many_with,
+    linear_packed_swiglu_with, linear_packed_with, linear_quant_with,
+};
 pub(crate) use matvec::{linear_packed, linear_quant};
 pub use packed::PackedQuant;
 

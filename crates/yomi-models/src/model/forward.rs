@@ -4,12 +4,13 @@
 use anyhow::{Result, bail};
 use yomi_core::{TopRows, TreeBatch};
 
-use yomi_cpu::activation::{sigmoid, softplus, swiglu};
+use yomi_cpu::activation::{sigmoid, softplus};
 use yomi_cpu::attention::{AttnShape, attention_tree};
 use yomi_cpu::conv::conv1d_tree;
 use yomi_cpu::gdn::{GdnRows, GdnShape, gdn_commit_replay, gdn_tree_forward};
-use yomi_cpu::linear::{linear, linear_many};
+use yomi_cpu::linear::{linear, linear_many_add_norm, linear_swiglu};
 use yomi_cpu::norm::{l2_norm_inplace, rms_norm, rms_norm_gated_inplace, rms_norm_inplace};
+use yomi_cpu::quant::AddNorm;
 
 use super::weights::{AttnWeights, GdnWeights, Mixer, Model};
 use crate::KvRows;
@@ -57,8 +58,15 @@ pub(crate) struct Scratch {
     d: Vec<f32>,
     e: Vec<f32>,
     f: Vec<f32>,
+    /// The rotary cos/sin of every row of the pass ([T, rotary_dim]), computed once per pass:
+    /// a row's position (committed length + tree depth) is the same in every layer, and
+    /// computing it per layer cost ~30 µs per row and pass in `sin`/`cos` on the submitting
+    /// thread (SmolLM2-135M, 30 layers) while the pool waited.
     cs: Vec<f32>,
     rows: Vec<f32>,
+    /// The MLP's output of the layer before, not yet added to `h`: the next layer's first
+    /// linears add it (see the layer loop).
+    z: Vec<f32>,
 }
 
 /// The first `n` values of a scratch vector, growing it but never shrinking it: the scratch
@@ -124,6 +132,24 @@ impl Model {
             }
         }
         let committed = st.committed;
+        if self
+            .layers
+            .iter()
+            .any(|l| matches!(l.mixer, Mixer::Attention(_)))
+        {
+            let rd = cfg.rotary_dim;
+            let cs = sized(&mut sc.cs, t * rd);
+            for (i, row) in cs.chunks_exact_mut(rd).enumerate() {
+                self.rope.cos_sin(committed + tree.depth(i) as usize, row);
+            }
+        }
+        // The residual steps and RMSNorms run inside the next linears' loops, each thread on
+        // the rows it quantizes (`linear_many_add_norm`): the mixer's output `y` is added to
+        // `h` by the gate/up projections, and the MLP's output `z` by the next layer's first
+        // projections (so it stays pending across the layer boundary). A trace reads `h` at
+        // every layer's start, so there the MLP's output is added at once.
+        let eps = cfg.rms_norm_eps;
+        let mut pending = false;
         for (li, layer) in self.layers.iter().enumerate() {
             if let Some(tr) = trace.as_deref_mut() {
                 tr.hidden.push(sc.h[..t * h_sz].to_vec());
@@ -132,6 +158,7 @@ impl Model {
                 h,
                 x,
                 y,
+                z,
                 a,
                 b,
                 c,
@@ -144,34 +171,54 @@ impl Model {
             let h = &mut h[..t * h_sz];
             let x = sized(x, t * h_sz);
             let y = sized(y, t * h_sz);
-            rms_norm(h, &layer.input_norm, cfg.rms_norm_eps, x);
+            let z = sized(z, t * h_sz);
+            let norm1 = AddNorm {
+                h: &mut *h,
+                add: pending.then_some(&*z),
+                weight: &layer.input_norm,
+                eps,
+                x: &mut *x,
+            };
             match (&layer.mixer, &mut st.layers[li]) {
                 (Mixer::Attention(w), LayerState::Attention(cache)) => {
-                    self.attention(w, cache, committed, tree, x, y, [a, b, c, d, e, f], cs)
+                    self.attention(w, cache, committed, tree, norm1, y, [a, b, c, d, e, f], cs)
                 }
                 (Mixer::Gdn(w), LayerState::Gdn(gs)) => {
+                    norm1.run_serial();
                     self.gdn(w, gs, tree, x, y, [a, b, c, d, e, f])
                 }
                 _ => bail!("layer {li}: state kind does not match the weights"),
             }
-            for (hv, yv) in h.iter_mut().zip(y.iter()) {
-                *hv += yv;
-            }
-            rms_norm(h, &layer.post_norm, cfg.rms_norm_eps, x);
             let i_sz = cfg.intermediate_size;
             let g = sized(a, t * i_sz);
             let u = sized(b, t * i_sz);
-            linear_many(
+            let norm2 = AddNorm {
+                h: &mut *h,
+                add: Some(&*y),
+                weight: &layer.post_norm,
+                eps,
                 x,
+            };
+            linear_many_add_norm(
+                norm2,
                 t,
                 &[&layer.mlp.gate, &layer.mlp.up],
                 &[None, None],
                 &mut [&mut *g, &mut *u],
             );
-            swiglu(g, u);
-            linear(g, t, &layer.mlp.down, None, y);
-            for (hv, yv) in h.iter_mut().zip(y.iter()) {
-                *hv += yv;
+            // SwiGLU runs inside the down projection's loop (see `linear_swiglu`).
+            linear_swiglu(g, u, t, &layer.mlp.down, None, z);
+            pending = trace.is_none();
+            if !pending {
+                for (hv, zv) in h.iter_mut().zip(z.iter()) {
+                    *hv += zv;
+                }
+            }
+        }
+        if pending {
+            let h = &mut sc.h[..t * h_sz];
+            for (hv, zv) in h.iter_mut().zip(sc.z[..t * h_sz].iter()) {
+                *hv += zv;
             }
         }
         // Final norm and LM head on the selected rows.
@@ -325,10 +372,10 @@ impl Model {
         cache: &mut AttnCache,
         committed: usize,
         tree: &TreeBatch,
-        x: &[f32],
+        input: AddNorm<'_>,
         y: &mut [f32],
         bufs: [&mut Vec<f32>; 6],
-        cs: &mut Vec<f32>,
+        cs: &[f32],
     ) {
         let cfg = &self.cfg;
         let t = tree.len();
@@ -337,8 +384,9 @@ impl Model {
         let qf = sized(qf, t * w.q.rows);
         let kb = sized(kb, t * nkv * hd);
         let vb = sized(vb, t * nkv * hd);
-        linear_many(
-            x,
+        // The layer's residual step and input norm run inside the q/k/v loop.
+        linear_many_add_norm(
+            input,
             t,
             &[&w.q, &w.k, &w.v],
             &[
@@ -364,9 +412,10 @@ impl Model {
         if let Some(kn) = &w.k_norm {
             rms_norm_inplace(kb, kn, cfg.rms_norm_eps);
         }
-        let cs = sized(cs, cfg.rotary_dim);
+        // The rows' cos/sin, computed once per pass (see `Scratch::cs`).
+        let rd = cfg.rotary_dim;
         for i in 0..t {
-            self.rope.cos_sin(committed + tree.depth(i) as usize, cs);
+            let cs = &cs[i * rd..(i + 1) * rd];
             self.rope
                 .apply(&mut q[i * nh * hd..(i + 1) * nh * hd], hd, cs);
             self.rope
