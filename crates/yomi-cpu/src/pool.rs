@@ -28,6 +28,37 @@ use std::time::{Duration, Instant};
 /// How long an idle worker spins before it parks (between requests, not between loops).
 pub const SPIN_LIMIT: Duration = Duration::from_millis(2);
 
+/// Loop numbers: every [`for_each`] call takes the next (see [`loop_id`]).
+static LOOP_IDS: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// The number of the loop whose item this thread is running (0: none).
+    static LOOP_ID: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// A number unique to the [`for_each`] call whose item the calling thread is running (the
+/// innermost, for a loop run inside an item), 0 outside any loop. Kernels use it to keep what
+/// they derive from a loop's shared, unchanging input between the items a thread runs for that
+/// loop (the AMX kernel's activation tiles), and to know that it is stale in the next loop.
+pub fn loop_id() -> u64 {
+    LOOP_ID.with(|c| c.get())
+}
+
+/// Sets [`loop_id`] for the items run while it lives, and restores the outer value after.
+struct InLoop(u64);
+
+impl InLoop {
+    fn enter(id: u64) -> Self {
+        InLoop(LOOP_ID.with(|c| c.replace(id)))
+    }
+}
+
+impl Drop for InLoop {
+    fn drop(&mut self) {
+        LOOP_ID.with(|c| c.set(self.0));
+    }
+}
+
 /// One loop: the item function and the counters the participants share.
 struct Job {
     /// `&dyn Fn(usize)` with its lifetime erased; valid until every participant is done (the
@@ -38,6 +69,8 @@ struct Job {
     workers: usize,
     /// The epoch this loop was posted under.
     epoch: u64,
+    /// Its [`loop_id`].
+    id: u64,
 }
 
 /// A value alone on its cache line(s): the counters below are written by different threads at
@@ -143,6 +176,7 @@ impl Pool {
 fn run_items(shared: &Shared, job: &Job) {
     #[cfg(feature = "pool-profile")]
     let _busy = profile::Busy::new();
+    let _in_loop = InLoop::enter(job.id);
     // SAFETY: the submitter keeps `*job.f` alive until every participant has returned.
     let f = unsafe { &*job.f };
     loop {
@@ -258,9 +292,11 @@ pub fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) {
     } else {
         p.ensure_workers(want).min(want)
     };
+    let id = LOOP_IDS.fetch_add(1, Ordering::Relaxed);
     let guard = match (workers > 0).then(|| p.busy.try_lock()) {
         Some(Ok(g)) => g,
         _ => {
+            let _in_loop = InLoop::enter(id);
             (0..n).for_each(f);
             return;
         }
@@ -278,6 +314,7 @@ pub fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) {
         n,
         workers,
         epoch,
+        id,
     };
     shared
         .job

@@ -220,6 +220,12 @@ struct Scratch {
     b: Vec<Line>,
     /// The stored C tiles of two chunks, `2 · CHUNK` slots of `planes · m` lines.
     c: Vec<Line>,
+    /// What `a` holds: the activations (loop, address, length, rows, unit size) it was
+    /// repacked from, when that was inside a parallel loop. Within one loop the activations
+    /// do not change (they are quantized before any item reads them), so a thread's later
+    /// calls for the same loop and rows reuse the tiles: a loop's pieces may then be short,
+    /// to be stolen, without repacking the activations for each.
+    a_key: Option<(u64, usize, usize, usize, usize)>,
 }
 
 impl Scratch {
@@ -408,7 +414,17 @@ fn tile_rows<A: Act32, const TY: u8>(
     // pair plane is A[0..16], B[0..16], A[16..32], B[16..32]: qwords 0, 1, 4, 5 are block
     // 2p, 2, 3, 6, 7 block 2p + 1).
     let idx = _mm512_set_epi64(7, 6, 3, 2, 5, 4, 1, 0);
-    for i in 0..m {
+    let loop_id = crate::pool::loop_id();
+    let key = (
+        loop_id,
+        a.as_ptr() as usize,
+        a.len(),
+        m,
+        std::mem::size_of::<A>(),
+    );
+    let repacked = loop_id != 0 && sc.a_key == Some(key);
+    sc.a_key = (loop_id != 0).then_some(key);
+    for i in (0..m).filter(|_| !repacked) {
         for p in 0..nb2 {
             let act = &a[i * nb2 + p];
             for pl in 0..planes {

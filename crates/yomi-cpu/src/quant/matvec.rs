@@ -262,6 +262,9 @@ pub fn linear_packed_with(kernel: Kernel, x: &[f32], t: usize, p: &PackedQuant, 
     linear_packed_many_with(kernel, x, t, &[p], &mut [out]);
 }
 
+/// Pieces per thread's run in a packed linear of several rows (see `packed_run`).
+const MULTI_ROW_PIECES_PER_RUN: usize = 4;
+
 /// Most matrices one [`linear_packed_many_with`] call takes.
 pub const MAX_MANY: usize = 4;
 
@@ -517,8 +520,8 @@ fn packed_run<A: Act32>(
         // and stealing the tails ends each loop within a piece instead of waiting for the
         // slower thread (measured, see `PACKED_JOB_BYTES`). With more activation rows than
         // one cache tile, a piece's weights (at most `PACKED_JOB_BYTES`) stay in L2 while the
-        // tiles go by. (The AMX kernel also wants long pieces: it repacks the activations and
-        // loads its tile configuration once per call.)
+        // tiles go by. (The AMX kernel loads its tile configuration once per call and keeps
+        // its repacked activations between a thread's calls of one loop.)
         let mut first = [0usize; MAX_MANY + 1];
         for m in 0..ps.len() {
             first[m + 1] = first[m] + groups[m];
@@ -529,7 +532,18 @@ fn packed_run<A: Act32>(
             let piece = (PACKED_JOB_BYTES / widest).max(1);
             // T > 1 calls write through a buffer of n·tn·16 floats: at most one piece each.
             let cap = if t > 1 { piece } else { usize::MAX };
-            let runs = Runs::new(all, crate::pool::participants(), piece);
+            let threads = crate::pool::participants();
+            // Several rows: each run in a few pieces, so that a thread that falls behind (a
+            // core shared with other work) has its run's tail stolen; whole-run pieces left
+            // the submitting thread waiting at the joins for a quarter of the multi-row
+            // linears' time on the 16-core host (`pool-profile`). The AMX kernel keeps its
+            // repacked activations between a thread's pieces of one loop.
+            let chunk = if t > 1 {
+                piece.min(all.div_ceil(threads * MULTI_ROW_PIECES_PER_RUN).max(1))
+            } else {
+                piece
+            };
+            let runs = Runs::new(all, threads, chunk);
             crate::pool::for_each(runs.len(), &|home| {
                 let acts = shared.quantize_and_wait();
                 while let Some(p) = runs.next(home) {

@@ -1368,6 +1368,45 @@ fn packed_amx_real_shapes() {
     }
 }
 
+/// The AMX kernel keeps a thread's repacked activations between its pieces of one loop
+/// (`amx::Scratch::a_key`): consecutive linears whose activations sit at the same address with
+/// the same shape but other values (the quantized input buffer is reused from call to call)
+/// must not see the previous loop's tiles. Each call is checked bitwise against the one-row
+/// AVX-512-VNNI results of its own input, at T = 5, 8 and 16 (one tile, several pieces per
+/// thread).
+#[test]
+fn amx_tiles_are_not_reused_across_loops() {
+    let Some(base) = Kernel::new(Isa::Avx512Vnni) else {
+        eprintln!("amx_tiles_are_not_reused_across_loops: no AVX-512-VNNI, nothing to compare");
+        return;
+    };
+    let (rows, cols) = (1536, 576);
+    let mut rng = Rng(901);
+    let q = QuantData::quantize(QuantType::Q4_1, rows, cols, &rng.vec(rows * cols));
+    let p = PackedQuant::from_ggml(&q, rows, cols).expect("packable");
+    for prec in Precision::ALL {
+        let plain = base.with_precision(prec).with_amx(false);
+        for k in packed_kernels(Isa::Avx512Vnni, prec) {
+            for t in [5, 8, 16] {
+                for round in 0..3 {
+                    let x = random_acts(t * cols, &mut rng);
+                    let mut want = vec![0.0; t * rows];
+                    for (xr, o) in x.chunks(cols).zip(want.chunks_mut(rows)) {
+                        linear_packed_with(plain, xr, 1, &p, o);
+                    }
+                    let mut got = vec![0.0; t * rows];
+                    linear_packed_with(k, &x, t, &p, &mut got);
+                    assert!(
+                        bits(&got) == bits(&want),
+                        "{prec} amx {} T {t} round {round}: not this input's one-row bits",
+                        k.amx()
+                    );
+                }
+            }
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
     /// `Kernel::packed_group` of random bytes (every quant pattern) with n activation rows
