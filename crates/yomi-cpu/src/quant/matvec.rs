@@ -262,8 +262,11 @@ pub fn linear_packed_with(kernel: Kernel, x: &[f32], t: usize, p: &PackedQuant, 
     linear_packed_many_with(kernel, x, t, &[p], &mut [out]);
 }
 
-/// Pieces per thread's run in a packed linear of several rows (see `packed_run`).
+/// Pieces per thread's run in a packed linear of at least [`STEAL_MIN_ROWS`] rows (see
+/// `packed_run`).
 const MULTI_ROW_PIECES_PER_RUN: usize = 4;
+/// Fewest activation rows for which a packed linear's runs are cut into pieces.
+const STEAL_MIN_ROWS: usize = 5;
 
 /// Most matrices one [`linear_packed_many_with`] call takes.
 pub const MAX_MANY: usize = 4;
@@ -533,12 +536,15 @@ fn packed_run<A: Act32>(
             // T > 1 calls write through a buffer of n·tn·16 floats: at most one piece each.
             let cap = if t > 1 { piece } else { usize::MAX };
             let threads = crate::pool::participants();
-            // Several rows: each run in a few pieces, so that a thread that falls behind (a
-            // core shared with other work) has its run's tail stolen; whole-run pieces left
+            // Five rows or more: each run in a few pieces, so that a thread that falls behind
+            // (a core shared with other work) has its run's tail stolen; whole-run pieces left
             // the submitting thread waiting at the joins for a quarter of the multi-row
             // linears' time on the 16-core host (`pool-profile`). The AMX kernel keeps its
-            // repacked activations between a thread's pieces of one loop.
-            let chunk = if t > 1 {
+            // repacked activations between a thread's pieces of one loop. Passes of 2–4 rows
+            // keep whole runs: there the short pieces measured no gain (T = 2–4 within the
+            // host's swings) and the open-ended prompt, whose drafted passes are mostly
+            // two rows, ran 2–12 % slower in three of four calls.
+            let chunk = if t >= STEAL_MIN_ROWS {
                 piece.min(all.div_ceil(threads * MULTI_ROW_PIECES_PER_RUN).max(1))
             } else {
                 piece
