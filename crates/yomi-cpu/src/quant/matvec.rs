@@ -542,8 +542,9 @@ fn packed_run<A: Act32>(
             // linears' time on the 16-core host (`pool-profile`). The AMX kernel keeps its
             // repacked activations between a thread's pieces of one loop. Passes of 2–4 rows
             // keep whole runs: there the short pieces measured no gain (T = 2–4 within the
-            // host's swings) and the open-ended prompt, whose drafted passes are mostly
-            // two rows, ran 2–12 % slower in three of four calls.
+            // host's swings) while the open-ended prompt, whose drafted passes are mostly
+            // two rows, drafted 2–12 % slower in all four calls (bench/RESULTS.md, twentieth
+            // session).
             let chunk = if t >= STEAL_MIN_ROWS {
                 piece.min(all.div_ceil(threads * MULTI_ROW_PIECES_PER_RUN).max(1))
             } else {
