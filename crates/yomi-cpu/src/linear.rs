@@ -247,23 +247,13 @@ pub fn linear_many(
     biases: &[Option<&[f32]>],
     outs: &mut [&mut [f32]],
 ) {
-    assert!(
-        ws.len() == outs.len() && ws.len() == biases.len(),
-        "linear_many: {} matrices, {} biases, {} outputs",
-        ws.len(),
-        biases.len(),
-        outs.len()
-    );
+    check_many(x.len(), t, ws, biases, outs);
     let Some(packed) = packed_set(ws) else {
         for ((w, b), o) in ws.iter().zip(biases).zip(outs.iter_mut()) {
             linear(x, t, w, *b, o);
         }
         return;
     };
-    for (w, o) in ws.iter().zip(outs.iter()) {
-        assert_eq!(x.len(), t * w.cols, "linear: input is not [T, in]");
-        assert_eq!(o.len(), t * w.rows, "linear: output is not [T, out]");
-    }
     quant::linear_packed_many_with(quant::Kernel::best(), x, t, &packed[..ws.len()], outs);
     add_biases(ws, biases, outs);
 }
@@ -282,13 +272,7 @@ pub fn linear_many_add_norm(
     biases: &[Option<&[f32]>],
     outs: &mut [&mut [f32]],
 ) {
-    assert!(
-        ws.len() == outs.len() && ws.len() == biases.len(),
-        "linear_many: {} matrices, {} biases, {} outputs",
-        ws.len(),
-        biases.len(),
-        outs.len()
-    );
+    check_many(input.x.len(), t, ws, biases, outs);
     // One row is one chunk of the shared quantizer: nothing to spread, so the serial steps.
     let (true, Some(packed)) = (t > 1, packed_set(ws)) else {
         let quant::AddNorm {
@@ -309,13 +293,31 @@ pub fn linear_many_add_norm(
         linear_many(x, t, ws, biases, outs);
         return;
     };
-    for (w, o) in ws.iter().zip(outs.iter()) {
-        assert_eq!(input.x.len(), t * w.cols, "linear: input is not [T, in]");
-        assert_eq!(o.len(), t * w.rows, "linear: output is not [T, out]");
-    }
     let kernel = quant::Kernel::best();
     quant::linear_packed_many_add_norm_with(kernel, input, t, &packed[..ws.len()], outs);
     add_biases(ws, biases, outs);
+}
+
+/// One bias slot and one output per matrix, an input of `input_len = t · cols` values and
+/// `t · rows` outputs per matrix.
+fn check_many(
+    input_len: usize,
+    t: usize,
+    ws: &[&Matrix],
+    biases: &[Option<&[f32]>],
+    outs: &[&mut [f32]],
+) {
+    assert!(
+        ws.len() == outs.len() && ws.len() == biases.len(),
+        "linear_many: {} matrices, {} biases, {} outputs",
+        ws.len(),
+        biases.len(),
+        outs.len()
+    );
+    for (w, o) in ws.iter().zip(outs.iter()) {
+        assert_eq!(input_len, t * w.cols, "linear: input is not [T, in]");
+        assert_eq!(o.len(), t * w.rows, "linear: output is not [T, out]");
+    }
 }
 
 /// The matrices as packed data when every one is packed, of one width and at most

@@ -283,6 +283,19 @@ pub fn linear_packed_many_with(
     ps: &[&PackedQuant],
     outs: &mut [&mut [f32]],
 ) {
+    check_many(x.len(), t, ps, outs);
+    if t == 0 {
+        return;
+    }
+    match kernel.precision() {
+        Precision::Int8 => packed_run(&ACT_Q8, kernel, Input::Rows(x), t, ps, outs),
+        Precision::Int8x2 => packed_run(&ACT_Q8X2, kernel, Input::Rows(x), t, ps, outs),
+    }
+}
+
+/// Checks the shapes of a [`linear_packed_many_with`]-like call: 1..=[`MAX_MANY`] matrices of
+/// one width, an input of `input_len = t · cols` values and `t · rows` outputs each.
+fn check_many(input_len: usize, t: usize, ps: &[&PackedQuant], outs: &[&mut [f32]]) {
     assert!(
         !ps.is_empty() && ps.len() <= MAX_MANY && ps.len() == outs.len(),
         "linear_packed_many: {} matrices, {} outputs (1..={MAX_MANY})",
@@ -290,7 +303,7 @@ pub fn linear_packed_many_with(
         outs.len()
     );
     let cols = ps[0].cols();
-    assert_eq!(x.len(), t * cols, "linear_packed: input is not [T, in]");
+    assert_eq!(input_len, t * cols, "linear_packed: input is not [T, in]");
     for (p, o) in ps.iter().zip(outs.iter()) {
         assert_eq!(
             p.cols(),
@@ -302,13 +315,6 @@ pub fn linear_packed_many_with(
             t * p.rows(),
             "linear_packed: output is not [T, out]"
         );
-    }
-    if t == 0 {
-        return;
-    }
-    match kernel.precision() {
-        Precision::Int8 => packed_run(&ACT_Q8, kernel, Input::Rows(x), t, ps, outs),
-        Precision::Int8x2 => packed_run(&ACT_Q8X2, kernel, Input::Rows(x), t, ps, outs),
     }
 }
 
@@ -382,35 +388,12 @@ pub fn linear_packed_many_add_norm_with(
     ps: &[&PackedQuant],
     outs: &mut [&mut [f32]],
 ) {
-    assert!(
-        !ps.is_empty() && ps.len() <= MAX_MANY && ps.len() == outs.len(),
-        "linear_packed_many: {} matrices, {} outputs (1..={MAX_MANY})",
-        ps.len(),
-        outs.len()
-    );
-    let cols = ps[0].cols();
-    assert_eq!(
-        input.x.len(),
-        t * cols,
-        "linear_packed: input is not [T, in]"
-    );
+    check_many(input.x.len(), t, ps, outs);
     assert_eq!(
         input.weight.len(),
-        cols,
+        ps[0].cols(),
         "add_norm: the norm's width is not the input's"
     );
-    for (p, o) in ps.iter().zip(outs.iter()) {
-        assert_eq!(
-            p.cols(),
-            cols,
-            "linear_packed_many: matrices of different widths"
-        );
-        assert_eq!(
-            o.len(),
-            t * p.rows(),
-            "linear_packed: output is not [T, out]"
-        );
-    }
     if t == 0 {
         return;
     }
