@@ -455,7 +455,9 @@ fn run<L: Lanes, E: KvElem>(
     }
     // Query rows of one KV head: u = i · group + g (tree row i, head kvh · group + g).
     let per_kv = t * group;
-    let rows = rows_per_task(n_kv, per_kv, rayon::current_num_threads());
+    // The loop's participants, not the rayon pool's size: a pass capped to fewer threads
+    // (`pool::with_threads`, the engine's thread choice) sizes its tasks for those.
+    let rows = rows_per_task(n_kv, per_kv, crate::pool::participants());
     let tasks_per_kv = per_kv.div_ceil(rows);
     // Scores per query row: every key tile up to the last pending row (a row's committed keys
     // at their positions, then its path gathered after them).
@@ -701,6 +703,9 @@ mod tests {
         // 64 threads 9 tasks of one (3 tasks would leave 61 threads idle and take longer).
         assert_eq!(rows_per_task(3, 3, 2), 3);
         assert_eq!(rows_per_task(3, 3, 64), 1);
+        // On 8 threads (a one-row pass the engine caps at 8 of 16): 6 tasks of up to 2 rows
+        // (one round of 1.3 one-row tasks) rather than 9 of one (two rounds).
+        assert_eq!(rows_per_task(3, 3, 8), 2);
         // Qwen3.5 (4 KV heads of 4), one row on 4 threads: 4 tasks of 4.
         assert_eq!(rows_per_task(4, 4, 4), 4);
         // A 5-row tree on 2 threads, 15 rows per KV head: 2 tasks of up to 8 per head.
