@@ -275,22 +275,9 @@ pub fn linear_many_add_norm(
     check_many(input.x.len(), t, ws, biases, outs);
     // One row is one chunk of the shared quantizer: nothing to spread, so the serial steps.
     let (true, Some(packed)) = (t > 1, packed_set(ws)) else {
-        let quant::AddNorm {
-            h,
-            add,
-            weight,
-            eps,
-            x,
-        } = input;
-        quant::AddNorm {
-            h,
-            add,
-            weight,
-            eps,
-            x: &mut *x,
-        }
-        .run_serial();
-        linear_many(x, t, ws, biases, outs);
+        let mut input = input;
+        input.run_serial();
+        linear_many(input.x, t, ws, biases, outs);
         return;
     };
     let kernel = quant::Kernel::best();

@@ -410,16 +410,6 @@ pub fn for_each_chunk_pair_mut<A: Send, B: Send>(
     });
 }
 
-/// Where a pass's time goes (diagnosis builds only, see [`profile`]): `span("name")` times the
-/// guard's scope on the calling thread; without the `pool-profile` feature it is nothing.
-#[cfg(not(feature = "pool-profile"))]
-#[inline(always)]
-pub fn span(_name: &'static str) {}
-#[cfg(feature = "pool-profile")]
-pub fn span(name: &'static str) -> profile::Span {
-    profile::Span::new(name)
-}
-
 /// A raw pointer shared by the items of one loop, which touch disjoint elements (each use says
 /// why they are disjoint).
 pub(crate) struct SendPtr<T>(pub(crate) *mut T);

@@ -116,10 +116,8 @@ fn print_profile(t: usize, reps: usize, times: &[f64]) {
     let per_pass = |ns: u64| ns as f64 / 1e3 / reps as f64;
     let mean = times.iter().sum::<f64>() / reps as f64;
     let sites = profile::take();
-    // Named scopes (line 0) overlap the loops; only loops count as parallel time.
-    let loops = sites.iter().filter(|((_, line), _)| *line > 0);
-    let in_loops: f64 = loops.clone().map(|(_, s)| per_pass(s.ns)).sum();
-    let waiting: f64 = loops.map(|(_, s)| per_pass(s.wait_ns)).sum();
+    let in_loops: f64 = sites.iter().map(|(_, s)| per_pass(s.ns)).sum();
+    let waiting: f64 = sites.iter().map(|(_, s)| per_pass(s.wait_ns)).sum();
     println!(
         "  T {t}: mean pass {mean:.0} µs, in loops {in_loops:.0} (waiting at joins \
          {waiting:.0}), outside loops {:.0}",

@@ -1,9 +1,9 @@
 //! Where a pass's time goes, for diagnosis builds (`--features yomi-cpu/pool-profile`, e.g.
 //! `cargo build --release -p yomi-engine --example verify_cost --features pool-profile`):
 //! the time of every parallel loop by its call site, the part of it the submitting thread spent
-//! waiting for the other participants at the join, each thread's busy time inside loops, and
-//! named scopes on the submitting thread ([`super::span`]). A pass's time outside all loops
-//! is the serial work that the pool waits for. Without the feature none of this is compiled.
+//! waiting for the other participants at the join, and each thread's busy time inside loops.
+//! A pass's time outside all loops is the serial work that the pool waits for. Without the
+//! feature none of this is compiled.
 //!
 //! On the 16-core host (bench/RESULTS.md, twentieth session) this showed the serial steps
 //! between loops growing with the rows of a pass (~120 µs per verify row) and the joins'
@@ -25,7 +25,7 @@ pub struct Site {
     pub wait_ns: u64,
 }
 
-/// Sites by (file, line); named scopes as (name, 0).
+/// Sites by (file, line).
 static SITES: Mutex<Option<HashMap<(&'static str, u32), Site>>> = Mutex::new(None);
 
 /// Threads tracked by [`take_busy`]: the submitting thread and 64 workers.
@@ -116,27 +116,6 @@ impl Drop for Busy {
         let ns = self.0.elapsed().as_nanos() as u64;
         let i = INDEX.with(|c| c.get()).min(TRACKED - 1);
         BUSY[i].fetch_add(ns, Ordering::Relaxed);
-    }
-}
-
-/// Times a named scope on the calling thread ([`super::span`]).
-pub struct Span {
-    name: &'static str,
-    start: Instant,
-}
-
-impl Span {
-    pub fn new(name: &'static str) -> Self {
-        Span {
-            name,
-            start: Instant::now(),
-        }
-    }
-}
-
-impl Drop for Span {
-    fn drop(&mut self) {
-        record((self.name, 0), self.start.elapsed().as_nanos() as u64, 0);
     }
 }
 

@@ -248,6 +248,29 @@ mod tests {
     use super::*;
     use crate::quant::act::{PairQ8x2, quantize_rows};
 
+    /// Runs a loop of `items` in which every participant quantizes and reads the units, and
+    /// asserts that each one saw exactly `want`.
+    fn every_participant_sees(
+        shared: &SharedQuantize<'_, PairQ8x2>,
+        items: usize,
+        want: &[PairQ8x2],
+        what: &str,
+    ) {
+        let seen = std::sync::Mutex::new(Vec::new());
+        crate::pool::for_each(items, &|_| {
+            let units = shared.quantize_and_wait();
+            let same = units.len() == want.len()
+                && units
+                    .iter()
+                    .zip(want)
+                    .all(|(a, b)| format!("{a:?}") == format!("{b:?}"));
+            seen.lock().expect("lock").push(same);
+        });
+        let seen = seen.into_inner().expect("lock");
+        assert_eq!(seen.len(), items, "{what}");
+        assert!(seen.iter().all(|&s| s), "{what}");
+    }
+
     /// Several participants (the pool, and a loop with more items than threads) produce the
     /// units of the serial quantizer, and every participant sees all of them.
     #[test]
@@ -261,22 +284,8 @@ mod tests {
             for items in [1, 2, 7] {
                 let mut out: Vec<PairQ8x2> = Vec::new();
                 let shared = SharedQuantize::new(&x, cols, &mut out);
-                let seen = std::sync::Mutex::new(Vec::new());
-                crate::pool::for_each(items, &|_| {
-                    let units = shared.quantize_and_wait();
-                    let same = units.len() == serial.len()
-                        && units
-                            .iter()
-                            .zip(&serial)
-                            .all(|(a, b)| format!("{a:?}") == format!("{b:?}"));
-                    seen.lock().expect("lock").push(same);
-                });
-                let seen = seen.into_inner().expect("lock");
-                assert_eq!(seen.len(), items);
-                assert!(
-                    seen.iter().all(|&s| s),
-                    "rows {rows} cols {cols} items {items}"
-                );
+                let what = format!("rows {rows} cols {cols} items {items}");
+                every_participant_sees(&shared, items, &serial, &what);
             }
         }
     }
@@ -299,25 +308,11 @@ mod tests {
             for items in [1, 2, 7] {
                 let mut g = gate.clone();
                 let mut out: Vec<PairQ8x2> = Vec::new();
-                let all_same = {
+                let what = format!("rows {rows} cols {cols} items {items}");
+                {
                     let shared = SharedQuantize::with_swiglu(&mut g, &up, cols, &mut out);
-                    let seen = std::sync::Mutex::new(Vec::new());
-                    crate::pool::for_each(items, &|_| {
-                        let units = shared.quantize_and_wait();
-                        let same = units.len() == want.len()
-                            && units
-                                .iter()
-                                .zip(&want)
-                                .all(|(a, b)| format!("{a:?}") == format!("{b:?}"));
-                        seen.lock().expect("lock").push(same);
-                    });
-                    seen.into_inner().expect("lock")
-                };
-                assert_eq!(all_same.len(), items);
-                assert!(
-                    all_same.iter().all(|&s| s),
-                    "rows {rows} cols {cols} items {items}"
-                );
+                    every_participant_sees(&shared, items, &want, &what);
+                }
                 assert!(
                     g.iter()
                         .zip(&want_x)

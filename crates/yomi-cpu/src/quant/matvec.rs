@@ -368,7 +368,7 @@ pub struct AddNorm<'a> {
 
 impl AddNorm<'_> {
     /// The two steps on this thread, as they were before they moved into the loops.
-    pub fn run_serial(self) {
+    pub fn run_serial(&mut self) {
         if let Some(a) = self.add {
             for (hv, av) in self.h.iter_mut().zip(a) {
                 *hv += av;

@@ -172,7 +172,7 @@ impl Model {
             let x = sized(x, t * h_sz);
             let y = sized(y, t * h_sz);
             let z = sized(z, t * h_sz);
-            let norm1 = AddNorm {
+            let mut norm1 = AddNorm {
                 h: &mut *h,
                 add: pending.then_some(&*z),
                 weight: &layer.input_norm,
