@@ -3,11 +3,11 @@
 //! A packed linear used to quantize its input first (for 2048 values or more in a parallel
 //! loop of its own, [`super::act::quantize_rows`]) and then start the loop over the weights:
 //! two forks and joins per linear of a verify pass, ~150 linears per pass. Here the weight
-//! loop's participants first claim chunks of rows from a counter and quantize them, then wait
-//! until every chunk is done, then read the whole input. A participant waits only once every
-//! chunk has been claimed, and a claimed chunk is finished without waiting on anything, so the
-//! wait always ends whatever the pool does (a busy pool that runs every item on the caller
-//! quantizes all chunks in its first item). The units are the same bits whichever thread
+//! loop's participants first claim chunks of rows (each its own chunk first, then any left
+//! over) and quantize them, then wait until every chunk is done, then read the whole input. A
+//! participant waits only once it has found every chunk claimed, and a claimed chunk is
+//! finished without waiting on anything, so the wait always ends whatever the pool does (a
+//! busy pool that runs every item on the caller quantizes all chunks in its first item). The units are the same bits whichever thread
 //! writes them.
 //!
 //! The input may also be made on the way: [`SharedQuantize::with_swiglu`] applies SwiGLU
@@ -22,9 +22,9 @@
 //! `h` and `x` as the serial steps would.
 
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::act::{ActBlock, PARALLEL_MIN_VALUES, check_rows, quantize_into, units_per_row};
+use super::act::{ActBlock, check_rows, quantize_into, units_per_row};
 use crate::pool::SendPtr;
 
 /// How a chunk's input rows are made before they are quantized.
@@ -44,6 +44,34 @@ enum Prologue<'a> {
     },
 }
 
+/// Most chunks of one call; a call with more rows (a prefill) puts more rows in a chunk.
+const MAX_CHUNKS: usize = 32;
+
+/// Values per chunk at least (rounded up to whole rows): one row of SmolLM2's 576 columns, so
+/// that a verify pass's rows are quantized by as many participants as there are rows.
+const CHUNK_MIN_VALUES: usize = 256;
+
+/// One chunk's claim and completion, on lines of its own. With one counter for all claims
+/// and one for completions, every participant's claim was a read-modify-write of the same
+/// line, and every completion one of the line the others spin on: on the 16-core host that
+/// contention cost ~0.7 µs per claim and loop (`pool-profile`, bench/RESULTS.md, twenty-first
+/// session). Here a participant claims its own chunk first (a line nobody else writes unless
+/// it is left over), and a waiter polls a flag that only the chunk's writer stores.
+#[repr(align(128))]
+struct Slot {
+    claimed: AtomicBool,
+    done: AtomicBool,
+}
+
+impl Slot {
+    const fn new() -> Slot {
+        Slot {
+            claimed: AtomicBool::new(false),
+            done: AtomicBool::new(false),
+        }
+    }
+}
+
 /// The input of one loop, quantized in chunks by whoever claims them.
 pub(crate) struct SharedQuantize<'a, A: ActBlock> {
     /// The input rows; written by a prologue other than `None` (a claimed chunk's rows only).
@@ -55,8 +83,7 @@ pub(crate) struct SharedQuantize<'a, A: ActBlock> {
     rows_per_chunk: usize,
     chunks: usize,
     out: SendPtr<A>,
-    next: AtomicUsize,
-    done: AtomicUsize,
+    slots: [Slot; MAX_CHUNKS],
     /// `out`'s buffer stays borrowed mutably for as long as this exists, and `x` borrowed
     /// (mutably where it is rewritten).
     _out: PhantomData<&'a mut [A]>,
@@ -144,9 +171,10 @@ impl<'a, A: ActBlock> SharedQuantize<'a, A> {
         if out.len() < rows * per_row {
             out.resize(rows * per_row, A::default());
         }
-        // About half a µs of work per claim (the cost of the claim's cache-line transfer is
-        // ~0.1 µs).
-        let rows_per_chunk = PARALLEL_MIN_VALUES.div_ceil(cols).max(1);
+        let rows_per_chunk = CHUNK_MIN_VALUES
+            .div_ceil(cols)
+            .max(rows.div_ceil(MAX_CHUNKS))
+            .max(1);
         SharedQuantize {
             x,
             prologue,
@@ -156,30 +184,33 @@ impl<'a, A: ActBlock> SharedQuantize<'a, A> {
             rows_per_chunk,
             chunks: rows.div_ceil(rows_per_chunk),
             out: SendPtr(out.as_mut_ptr()),
-            next: AtomicUsize::new(0),
-            done: AtomicUsize::new(0),
+            slots: [const { Slot::new() }; MAX_CHUNKS],
             _out: PhantomData,
             _x: PhantomData,
         }
     }
 
-    /// Quantizes chunks until none is left to claim, waits for the other participants' chunks,
-    /// and returns every row's units.
-    pub fn quantize_and_wait(&self) -> &[A] {
-        loop {
-            let c = self.next.fetch_add(1, Ordering::Relaxed);
-            if c >= self.chunks {
-                break;
+    /// Quantizes every chunk not yet claimed, starting from chunk `first` (a participant's
+    /// own: the loop item's index), waits for the other participants' chunks, and returns
+    /// every row's units.
+    pub fn quantize_and_wait(&self, first: usize) -> &[A] {
+        let n = self.chunks;
+        for k in 0..n {
+            let c = (first + k) % n;
+            let slot = &self.slots[c];
+            // A load first: a chunk claimed already costs no write to its line.
+            if slot.claimed.load(Ordering::Relaxed) || slot.claimed.swap(true, Ordering::Relaxed) {
+                continue;
             }
-            // Counted when this iteration ends, also by a panic (which the pool then raises
-            // on the caller): a participant waiting below never waits for a chunk that will
-            // not come.
-            let _done = Done(&self.done);
+            // Marked done when this iteration ends, also by a panic (which the pool then
+            // raises on the caller): a participant waiting below never waits for a chunk that
+            // will not come.
+            let _done = Done(&slot.done);
             let r0 = c * self.rows_per_chunk;
             let r1 = (r0 + self.rows_per_chunk).min(self.rows);
-            // SAFETY: chunk c is claimed once (the counter hands out each index once), so rows
+            // SAFETY: chunk c is claimed once (the swap hands out each chunk once), so rows
             // r0..r1 of `out` (inside it: r1 ≤ rows) are written by this call only, and nobody
-            // reads them before `done` counts them (the Acquire below).
+            // reads them before their chunk is marked done (the Acquire below).
             let o = unsafe {
                 std::slice::from_raw_parts_mut(
                     self.out.get().add(r0 * self.per_row),
@@ -223,23 +254,25 @@ impl<'a, A: ActBlock> SharedQuantize<'a, A> {
             };
             quantize_into(x, self.cols, o);
         }
-        while self.done.load(Ordering::Acquire) < self.chunks {
-            std::hint::spin_loop();
+        for slot in &self.slots[..n] {
+            while !slot.done.load(Ordering::Acquire) {
+                std::hint::spin_loop();
+            }
         }
-        // SAFETY: every chunk is counted (its Release happens before this Acquire): written,
-        // or its writer panicked (the pool raises that on the caller; the units are
+        // SAFETY: every chunk is marked done (its Release happens before this Acquire):
+        // written, or its writer panicked (the pool raises that on the caller; the units are
         // initialized values either way); no more writes follow; `out` holds rows · per_row
         // units, borrowed for 'a.
         unsafe { std::slice::from_raw_parts(self.out.get(), self.rows * self.per_row) }
     }
 }
 
-/// Counts one finished chunk when dropped.
-struct Done<'a>(&'a AtomicUsize);
+/// Marks a chunk finished when dropped.
+struct Done<'a>(&'a AtomicBool);
 
 impl Drop for Done<'_> {
     fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::Release);
+        self.0.store(true, Ordering::Release);
     }
 }
 
@@ -257,8 +290,8 @@ mod tests {
         what: &str,
     ) {
         let seen = std::sync::Mutex::new(Vec::new());
-        crate::pool::for_each(items, &|_| {
-            let units = shared.quantize_and_wait();
+        crate::pool::for_each(items, &|i| {
+            let units = shared.quantize_and_wait(i);
             let same = units.len() == want.len()
                 && units
                     .iter()
@@ -275,7 +308,16 @@ mod tests {
     /// units of the serial quantizer, and every participant sees all of them.
     #[test]
     fn shared_quantize_matches_the_serial_quantizer() {
-        for (rows, cols) in [(1, 576), (2, 576), (5, 576), (9, 1536), (33, 64), (3, 32)] {
+        // (600, 64): more rows than `MAX_CHUNKS` chunks of the minimum size.
+        for (rows, cols) in [
+            (1, 576),
+            (2, 576),
+            (5, 576),
+            (9, 1536),
+            (33, 64),
+            (3, 32),
+            (600, 64),
+        ] {
             let x: Vec<f32> = (0..rows * cols)
                 .map(|i| ((i as f32 * 0.37).sin() * 3.0) + (i % 7) as f32 * 0.01)
                 .collect();

@@ -535,7 +535,7 @@ fn packed_run<A: Act32>(
             };
             let runs = Runs::new(all, threads, chunk);
             crate::pool::for_each(runs.len(), &|home| {
-                let acts = shared.quantize_and_wait();
+                let acts = shared.quantize_and_wait(home);
                 while let Some(p) = runs.next(home) {
                     // A piece may span matrices, and a stolen one may exceed the cap.
                     let mut g = p.start;
@@ -549,7 +549,7 @@ fn packed_run<A: Act32>(
             });
         }
         // The tail rows (fewer than a group): the row kernels, T = 1 bits by construction.
-        let acts = shared.quantize_and_wait();
+        let acts = shared.quantize_and_wait(0);
         for (p, out) in ps.iter().zip(outs.iter_mut()) {
             let rows = p.rows();
             for r in p.groups() * GROUP..rows {
