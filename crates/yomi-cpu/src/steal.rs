@@ -96,11 +96,21 @@ impl Runs {
     /// The next piece for the participant whose run is `home`: the front of its own run, or
     /// else half of another run's remainder, from its back. `None` once every run is empty.
     pub fn next(&self, home: usize) -> Option<Range<usize>> {
-        let (cells, n) = (self.cells(), self.n);
-        let home = home % n;
+        let home = home % self.n;
         if let Some(r) = self.take_front(home) {
             return Some(r);
         }
+        self.steal_except(home)
+    }
+
+    /// Half of what is left of the run with the most left, from its back (for a participant
+    /// of another loop's runs that has finished its own). `None` once every run is empty.
+    pub fn steal(&self) -> Option<Range<usize>> {
+        self.steal_except(usize::MAX)
+    }
+
+    fn steal_except(&self, home: usize) -> Option<Range<usize>> {
+        let (cells, n) = (self.cells(), self.n);
         // Steal from the run with the most left (re-read on every attempt: they change).
         loop {
             let (victim, left) = (0..n)
@@ -237,5 +247,25 @@ mod tests {
         assert_eq!(r.next(0), Some(12..13));
         assert_eq!(r.next(0), None);
         assert_eq!(r.next(1), None);
+    }
+
+    /// A participant of another loop that only steals takes half of the fullest run's
+    /// remainder each time, from its back, until every run is empty; the owners' fronts stay
+    /// theirs.
+    #[test]
+    fn a_stranger_steals_the_fullest_backs_until_nothing_is_left() {
+        let r = Runs::new(40, 2, 4);
+        assert_eq!(r.next(0), Some(0..4));
+        // Run 0 has [4, 20), run 1 [20, 40): the fuller is run 1.
+        assert_eq!(r.steal(), Some(30..40));
+        assert_eq!(r.steal(), Some(12..20));
+        assert_eq!(r.next(1), Some(20..24));
+        let mut rest: Vec<usize> = Vec::new();
+        while let Some(p) = r.steal() {
+            rest.extend(p);
+        }
+        rest.sort_unstable();
+        assert_eq!(rest, (4..12).chain(24..30).collect::<Vec<_>>());
+        assert_eq!(r.next(0), None);
     }
 }

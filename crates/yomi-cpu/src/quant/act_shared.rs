@@ -22,6 +22,7 @@
 //! `h` and `x` as the serial steps would.
 
 use std::marker::PhantomData;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::act::{ActBlock, check_rows, quantize_into, units_per_row};
@@ -194,6 +195,18 @@ impl<'a, A: ActBlock> SharedQuantize<'a, A> {
     /// own: the loop item's index), waits for the other participants' chunks, and returns
     /// every row's units.
     pub fn quantize_and_wait(&self, first: usize) -> &[A] {
+        self.quantize_and_wait_rows(first, 0..self.rows)
+    }
+
+    /// [`Self::quantize_and_wait`] for a participant that reads only `rows`: it claims and
+    /// quantizes chunks as before (all rows), but waits only for the chunks of `rows` and
+    /// returns their units (`rows.len()` rows).
+    pub fn quantize_and_wait_rows(&self, first: usize, rows: Range<usize>) -> &[A] {
+        assert!(
+            rows.start <= rows.end && rows.end <= self.rows,
+            "shared quantization: rows {rows:?} of {}",
+            self.rows
+        );
         let n = self.chunks;
         for k in 0..n {
             let c = (first + k) % n;
@@ -254,16 +267,27 @@ impl<'a, A: ActBlock> SharedQuantize<'a, A> {
             };
             quantize_into(x, self.cols, o);
         }
-        for slot in &self.slots[..n] {
+        let wait = if rows.is_empty() {
+            0..0
+        } else {
+            rows.start / self.rows_per_chunk..(rows.end - 1) / self.rows_per_chunk + 1
+        };
+        for slot in &self.slots[wait] {
             while !slot.done.load(Ordering::Acquire) {
                 std::hint::spin_loop();
             }
         }
-        // SAFETY: every chunk is marked done (its Release happens before this Acquire):
-        // written, or its writer panicked (the pool raises that on the caller; the units are
-        // initialized values either way); no more writes follow; `out` holds rows · per_row
-        // units, borrowed for 'a.
-        unsafe { std::slice::from_raw_parts(self.out.get(), self.rows * self.per_row) }
+        // SAFETY: every chunk of `rows` is marked done (its Release happens before this
+        // Acquire): written, or its writer panicked (the pool raises that on the caller; the
+        // units are initialized values either way); no more writes to these rows follow (a
+        // chunk is written once); `out` holds self.rows · per_row units (rows.end ≤
+        // self.rows), borrowed for 'a.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.out.get().add(rows.start * self.per_row),
+                rows.len() * self.per_row,
+            )
+        }
     }
 }
 
@@ -329,6 +353,39 @@ mod tests {
                 let what = format!("rows {rows} cols {cols} items {items}");
                 every_participant_sees(&shared, items, &serial, &what);
             }
+        }
+    }
+
+    /// Participants that read only some rows (bands of a split linear) get exactly those rows'
+    /// units, whichever of them quantized which rows.
+    #[test]
+    fn participants_of_a_band_see_exactly_its_rows() {
+        let (rows, cols) = (7, 576);
+        let x: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i as f32 * 0.29).sin() * 2.0) - (i % 5) as f32 * 0.03)
+            .collect();
+        let mut serial: Vec<PairQ8x2> = Vec::new();
+        quantize_rows(&x, cols, &mut serial);
+        let per_row = serial.len() / rows;
+        let bands = [0..3, 3..7, 2..5, 6..7, 4..4];
+        for items in [1, 3, 10] {
+            let mut out: Vec<PairQ8x2> = Vec::new();
+            let shared = SharedQuantize::new(&x, cols, &mut out);
+            let seen = std::sync::Mutex::new(Vec::new());
+            crate::pool::for_each(items, &|i| {
+                let band = bands[i % bands.len()].clone();
+                let units = shared.quantize_and_wait_rows(i, band.clone());
+                let want = &serial[band.start * per_row..band.end * per_row];
+                let same = units.len() == want.len()
+                    && units
+                        .iter()
+                        .zip(want)
+                        .all(|(a, b)| format!("{a:?}") == format!("{b:?}"));
+                seen.lock().expect("lock").push(same);
+            });
+            let seen = seen.into_inner().expect("lock");
+            assert_eq!(seen.len(), items);
+            assert!(seen.iter().all(|&s| s), "items {items}");
         }
     }
 

@@ -26,6 +26,7 @@
 //! borrowed and uses a fresh vector instead of panicking.
 
 use std::cell::RefCell;
+use std::ops::Range;
 use std::thread::LocalKey;
 
 use super::act::{
@@ -268,6 +269,59 @@ const MULTI_ROW_PIECES_PER_RUN: usize = 4;
 /// Fewest activation rows for which a packed linear's runs are cut into pieces.
 const STEAL_MIN_ROWS: usize = 5;
 
+/// Most bands of activation rows in one packed linear (see [`row_bands`]).
+const MAX_BANDS: usize = 4;
+
+/// Fewest participants for which a packed linear splits its rows into bands.
+const BAND_MIN_THREADS: usize = 8;
+
+/// Fewest rows per band: the AMX kernel's minimum (bands of fewer rows take the VNNI kernel).
+const BAND_MIN_ROWS: usize = 5;
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(BAND_MIN_ROWS == super::amx::MIN_ROWS);
+
+/// Most rows split into bands: verify passes (a prefill's chunks keep one band, unmeasured).
+const BAND_MAX_ROWS: usize = 64;
+
+/// Bands of activation rows a packed linear of `t` rows splits its participants into: each
+/// band's participants split all the weights between them for that band's rows only (and
+/// then help the other bands). With one band every participant reads every activation row,
+/// quantized by the others: on the 16-core host that traffic (the shared quantization's
+/// waits and the AMX kernel's repacking of rows written by other cores) was about a third of
+/// what a verify row cost (`pool-profile`, bench/RESULTS.md, twenty-first session). Two bands
+/// halve it while each participant streams twice the weights (from L3). Measured there (16
+/// threads, passes alternating in one process): 12 rows −5 %, 16 rows −3 to −8 %, but 8 rows
+/// (two bands of 4, which take the VNNI kernel rather than AMX) +2 to +9 % and 4 rows worse
+/// still, so only passes whose bands keep the AMX kernel's minimum rows are split; without AMX nothing was measured and nothing is split.
+fn row_bands(kernel: Kernel, t: usize, threads: usize) -> usize {
+    #[cfg(test)]
+    if let Some(b) = FORCED_BANDS.with(|c| c.get()) {
+        return b.clamp(1, MAX_BANDS).min(t.max(1));
+    }
+    let amx_bands = kernel.amx() && (2 * BAND_MIN_ROWS..=BAND_MAX_ROWS).contains(&t);
+    if amx_bands && threads >= BAND_MIN_THREADS {
+        2
+    } else {
+        1
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// A band count for the packed linears this thread submits (tests only: the pool of a
+    /// 2-core machine never splits).
+    static FORCED_BANDS: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with every packed linear it submits from this thread split into `bands` bands.
+#[cfg(test)]
+pub(crate) fn with_forced_bands<R>(bands: usize, f: impl FnOnce() -> R) -> R {
+    FORCED_BANDS.with(|c| c.set(Some(bands)));
+    let r = f();
+    FORCED_BANDS.with(|c| c.set(None));
+    r
+}
+
 /// Most matrices one [`linear_packed_many_with`] call takes.
 pub const MAX_MANY: usize = 4;
 
@@ -459,7 +513,8 @@ fn packed_run<A: Act32>(
         // same piece (a separate transpose pass cost a second fork and join per call and ~2 %
         // of a verify pass). The kernels prefetch the weight stream themselves, a block at a
         // time (see `packed::x86`), rather than the piece's whole range up front.
-        let task = |acts: &[A], m: usize, g0: usize, n: usize| {
+        // `acts` holds the units of activation rows `band.start..band.end`.
+        let task = |acts: &[A], band: &Range<usize>, m: usize, g0: usize, n: usize| {
             let p = ps[m];
             let rows = p.rows();
             let w = p.group_bytes(g0, g0 + n);
@@ -475,9 +530,10 @@ fn packed_run<A: Act32>(
                 return;
             }
             with_scratch(&OUT_T, |buf| {
-                for t0 in (0..t).step_by(tile) {
-                    let tn = (t0 + tile).min(t) - t0;
-                    let a = A::row(&acts[t0 * nb..(t0 + tn) * nb]);
+                for t0 in band.clone().step_by(tile) {
+                    let tn = (t0 + tile).min(band.end) - t0;
+                    let u0 = (t0 - band.start) * nb;
+                    let a = A::row(&acts[u0..u0 + tn * nb]);
                     let buf = grown(buf, n * tn * GROUP);
                     kernel.packed_groups(p.ty(), w, n, a, tn, buf, tn * GROUP);
                     for r in 0..tn {
@@ -519,6 +575,11 @@ fn packed_run<A: Act32>(
             // T > 1 calls write through a buffer of n·tn·16 floats: at most one piece each.
             let cap = if t > 1 { piece } else { usize::MAX };
             let threads = crate::pool::participants();
+            // Bands of activation rows, each with its own participants and runs over all the
+            // weights (see [`row_bands`]); no band is empty.
+            let band_rows = t.div_ceil(row_bands(kernel, t, threads));
+            let bands = t.div_ceil(band_rows);
+            let per_band = (threads / bands).max(1);
             // Five rows or more: each run in a few pieces, so that a thread that falls behind
             // (a core shared with other work) has its run's tail stolen; whole-run pieces left
             // the submitting thread waiting at the joins for a quarter of the multi-row
@@ -528,22 +589,40 @@ fn packed_run<A: Act32>(
             // host's swings) while the open-ended prompt, whose drafted passes are mostly
             // two rows, drafted 2–12 % slower in all four calls (bench/RESULTS.md, twentieth
             // session).
-            let chunk = if t >= STEAL_MIN_ROWS {
-                piece.min(all.div_ceil(threads * MULTI_ROW_PIECES_PER_RUN).max(1))
+            let chunk = if band_rows >= STEAL_MIN_ROWS {
+                piece.min(all.div_ceil(per_band * MULTI_ROW_PIECES_PER_RUN).max(1))
             } else {
                 piece
             };
-            let runs = Runs::new(all, threads, chunk);
-            crate::pool::for_each(runs.len(), &|home| {
-                let acts = shared.quantize_and_wait(home);
-                while let Some(p) = runs.next(home) {
+            let runs: [Runs; MAX_BANDS] = std::array::from_fn(|b| {
+                Runs::new(if b < bands { all } else { 0 }, per_band, chunk)
+            });
+            crate::pool::for_each(bands * per_band, &|item| {
+                let (b, home) = (item / per_band, item % per_band);
+                let band = b * band_rows..((b + 1) * band_rows).min(t);
+                let acts = shared.quantize_and_wait_rows(item, band.clone());
+                let piece = |acts: &[A], band: &Range<usize>, p: Range<usize>| {
                     // A piece may span matrices, and a stolen one may exceed the cap.
                     let mut g = p.start;
                     while g < p.end {
                         let m = (0..ps.len()).rfind(|&m| first[m] <= g).unwrap_or(0);
                         let end = p.end.min(first[m + 1]).min(g.saturating_add(cap));
-                        task(acts, m, g - first[m], end - g);
+                        task(acts, band, m, g - first[m], end - g);
                         g = end;
+                    }
+                };
+                while let Some(p) = runs[b].next(home) {
+                    piece(acts, &band, p);
+                }
+                // Done with its band: help the others (whose rows are quantized by now).
+                for o in (1..bands).map(|k| (b + k) % bands) {
+                    let band = o * band_rows..((o + 1) * band_rows).min(t);
+                    let mut acts = None;
+                    while let Some(p) = runs[o].steal() {
+                        let a = *acts.get_or_insert_with(|| {
+                            shared.quantize_and_wait_rows(item, band.clone())
+                        });
+                        piece(a, &band, p);
                     }
                 }
             });

@@ -1206,7 +1206,8 @@ fn packed_rows_bitwise() {
 
 /// Several matrices in one call (`linear_packed_many_with`: one run of groups over all of
 /// them per thread, pieces that span matrices, tails stolen) give every matrix bitwise what
-/// its own call gives, at any T and thread count (4 runs on fewer workers: stealing).
+/// its own call gives, at any T and thread count (4 runs on fewer workers: stealing), and in
+/// bands of rows (forced here: only machines of 8 threads or more split a pass by itself).
 #[test]
 fn packed_many_bitwise_per_matrix() {
     let cols = 544; // 17 blocks: the last pair half zero
@@ -1255,6 +1256,20 @@ fn packed_many_bitwise_per_matrix() {
                                 p.ty(),
                                 p.rows()
                             );
+                            // The same bits in bands of rows (the last band may be short).
+                            for bands in [2, 3] {
+                                let mut banded = vec![0.0; t * p.rows()];
+                                super::matvec::with_forced_bands(bands, || {
+                                    linear_packed_with(k, xs, t, p, &mut banded)
+                                });
+                                assert!(
+                                    bits(&banded) == bits(&want),
+                                    "{prec} T {t}, {threads} threads, {bands} bands: {} × {} \
+                                     differs",
+                                    p.ty(),
+                                    p.rows()
+                                );
+                            }
                         }
                     }
                 }
