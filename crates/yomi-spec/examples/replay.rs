@@ -10,6 +10,12 @@
 //! and how far the recording actually copies the matched occurrence); `REPLAY_CFG=decay=0.9,…`
 //! overrides drafter settings, for tuning on recordings rather than on noisy timings.
 //!
+//! `--oracle-depth` replaces each proposal by a chain from the drafter's own best occurrence
+//! (the first of its longest match's occurrences) exactly as deep as the recording follows it
+//! (at most the budget): what the drafter would reach if it knew how far each copy goes.
+//! `--oracle-occurrence` also picks the occurrence the recording follows furthest. Both bound
+//! what better depth estimates (and occurrence choices) could gain.
+//!
 //! `--costs 1,1.01,1.1,…` charges a pass of T rows the T-th value instead (pass times relative
 //! to a one-row pass, as `verify_cost` prints them; past the list's end its last step
 //! continues), while the drafter is still told `--r` (and `--growth`), as the engine tells it
@@ -18,7 +24,7 @@
 //! pass size.
 //!
 //! cargo run --release -p yomi-spec --example replay -- [--r 0.25] [--growth 0] [--budget 16]
-//! [--costs LIST [--tell-curve]] FILE...
+//! [--costs LIST [--tell-curve]] [--oracle-depth [--oracle-occurrence]] FILE...
 
 use std::process::ExitCode;
 
@@ -60,7 +66,55 @@ impl Costs {
     }
 }
 
-fn replay(prompt: &[u32], output: &[u32], costs: &Costs, budget: usize) -> Replay {
+/// What replaces the drafter's proposals (see the module notes).
+#[derive(Clone, Copy, PartialEq)]
+enum Oracle {
+    None,
+    Depth,
+    DepthAndOccurrence,
+}
+
+/// A chain from one of the drafter's occurrences of the context's longest match, as deep as
+/// the recording (`output`, at position `i`) follows it, at most `budget`.
+fn oracle_chain(
+    d: &SuffixDrafter,
+    oracle: Oracle,
+    output: &[u32],
+    i: usize,
+    budget: usize,
+    draft: &mut DraftTree,
+) {
+    draft.reset(output[i]);
+    let mut occ = Vec::new();
+    let c = d.config();
+    d.index()
+        .find(c.max_candidates, c.max_occurrences, &mut occ);
+    let tried = if oracle == Oracle::DepthAndOccurrence {
+        occ.len()
+    } else {
+        1
+    };
+    let follows = |j: u32| {
+        (0..budget)
+            .take_while(|&r| {
+                i + 1 + r < output.len()
+                    && d.index().token(j as usize + 1 + r) == Some(output[i + 1 + r])
+            })
+            .count()
+    };
+    let run = occ
+        .iter()
+        .take(tried)
+        .map(|&j| follows(j))
+        .max()
+        .unwrap_or(0);
+    let mut parent = 0;
+    for &t in &output[i + 1..i + 1 + run] {
+        parent = draft.push(parent, t);
+    }
+}
+
+fn replay(prompt: &[u32], output: &[u32], costs: &Costs, budget: usize, oracle: Oracle) -> Replay {
     let mut d = SuffixDrafter::new(config());
     d.set_row_cost(costs.r);
     d.set_row_cost_growth(costs.growth);
@@ -78,6 +132,9 @@ fn replay(prompt: &[u32], output: &[u32], costs: &Costs, budget: usize) -> Repla
         let max_depth = output.len() - i - 2;
         if max_depth > 0 {
             d.propose(&context, budget, &mut draft);
+            if oracle != Oracle::None {
+                oracle_chain(&d, oracle, output, i, budget, &mut draft);
+            }
             draft.trim(budget, max_depth as u32);
         }
         // The target's sample at a row is the recorded token after the row's path when the
@@ -178,6 +235,7 @@ fn main() -> ExitCode {
     let mut budget = 16usize;
     let mut curve = Vec::new();
     let mut tell_curve = false;
+    let mut oracle = Oracle::None;
     let mut files = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -185,6 +243,10 @@ fn main() -> ExitCode {
             "--r" => r = args.next().and_then(|v| v.parse().ok()).unwrap_or(r),
             "--growth" => growth = args.next().and_then(|v| v.parse().ok()).unwrap_or(growth),
             "--tell-curve" => tell_curve = true,
+            // `--oracle-occurrence` implies the depth oracle.
+            "--oracle-depth" if oracle == Oracle::None => oracle = Oracle::Depth,
+            "--oracle-depth" => {}
+            "--oracle-occurrence" => oracle = Oracle::DepthAndOccurrence,
             "--budget" => budget = args.next().and_then(|v| v.parse().ok()).unwrap_or(budget),
             "--costs" => {
                 let list = args.next().unwrap_or_default();
@@ -230,7 +292,7 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let s = replay(&prompt, &output, &costs, budget);
+        let s = replay(&prompt, &output, &costs, budget, oracle);
         println!(
             "| {f} | {} | {:.2} | {:.2} | {:.2}x |",
             s.tokens,
