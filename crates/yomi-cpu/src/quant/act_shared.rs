@@ -313,9 +313,25 @@ mod tests {
         want: &[PairQ8x2],
         what: &str,
     ) {
+        let all = 0..shared.rows;
+        every_participant_sees_rows(shared, items, &|_| all.clone(), want, what);
+    }
+
+    /// [`every_participant_sees`] for participants that read only some rows: participant i
+    /// reads rows `band(i)` and must see exactly those rows of `want` (every row's units).
+    fn every_participant_sees_rows(
+        shared: &SharedQuantize<'_, PairQ8x2>,
+        items: usize,
+        band: &(dyn Fn(usize) -> Range<usize> + Sync),
+        want: &[PairQ8x2],
+        what: &str,
+    ) {
+        let per_row = want.len() / shared.rows.max(1);
         let seen = std::sync::Mutex::new(Vec::new());
         crate::pool::for_each(items, &|i| {
-            let units = shared.quantize_and_wait(i);
+            let rows = band(i);
+            let want = &want[rows.start * per_row..rows.end * per_row];
+            let units = shared.quantize_and_wait_rows(i, rows);
             let same = units.len() == want.len()
                 && units
                     .iter()
@@ -366,26 +382,13 @@ mod tests {
             .collect();
         let mut serial: Vec<PairQ8x2> = Vec::new();
         quantize_rows(&x, cols, &mut serial);
-        let per_row = serial.len() / rows;
         let bands = [0..3, 3..7, 2..5, 6..7, 4..4];
         for items in [1, 3, 10] {
             let mut out: Vec<PairQ8x2> = Vec::new();
             let shared = SharedQuantize::new(&x, cols, &mut out);
-            let seen = std::sync::Mutex::new(Vec::new());
-            crate::pool::for_each(items, &|i| {
-                let band = bands[i % bands.len()].clone();
-                let units = shared.quantize_and_wait_rows(i, band.clone());
-                let want = &serial[band.start * per_row..band.end * per_row];
-                let same = units.len() == want.len()
-                    && units
-                        .iter()
-                        .zip(want)
-                        .all(|(a, b)| format!("{a:?}") == format!("{b:?}"));
-                seen.lock().expect("lock").push(same);
-            });
-            let seen = seen.into_inner().expect("lock");
-            assert_eq!(seen.len(), items);
-            assert!(seen.iter().all(|&s| s), "items {items}");
+            let band = |i: usize| bands[i % bands.len()].clone();
+            let what = format!("items {items}");
+            every_participant_sees_rows(&shared, items, &band, &serial, &what);
         }
     }
 
