@@ -7,8 +7,9 @@
 //! over) and quantize them, then wait until every chunk is done, then read the whole input. A
 //! participant waits only once it has found every chunk claimed, and a claimed chunk is
 //! finished without waiting on anything, so the wait always ends whatever the pool does (a
-//! busy pool that runs every item on the caller quantizes all chunks in its first item). The units are the same bits whichever thread
-//! writes them.
+//! busy pool that runs every item on the caller quantizes all chunks in its first item). The
+//! units are the same bits whichever thread writes them. A participant that reads only some
+//! rows (a band of a split linear, see `matvec`) waits only for those.
 //!
 //! The input may also be made on the way: [`SharedQuantize::with_swiglu`] applies SwiGLU
 //! (`gate ← silu(gate) · up`, [`crate::activation::swiglu`]) to each claimed chunk of rows in

@@ -292,7 +292,8 @@ const BAND_MAX_ROWS: usize = 64;
 /// halve it while each participant streams twice the weights (from L3). Measured there (16
 /// threads, passes alternating in one process): 12 rows −5 %, 16 rows −3 to −8 %, but 8 rows
 /// (two bands of 4, which take the VNNI kernel rather than AMX) +2 to +9 % and 4 rows worse
-/// still, so only passes whose bands keep the AMX kernel's minimum rows are split; without AMX nothing was measured and nothing is split.
+/// still, so only passes whose bands keep the AMX kernel's minimum rows are split; without
+/// AMX nothing was measured and nothing is split.
 fn row_bands(kernel: Kernel, t: usize, threads: usize) -> usize {
     #[cfg(test)]
     if let Some(b) = FORCED_BANDS.with(|c| c.get()) {
@@ -594,8 +595,13 @@ fn packed_run<A: Act32>(
             } else {
                 piece
             };
+            // (The unused bands' runs: one empty run each, no allocation.)
             let runs: [Runs; MAX_BANDS] = std::array::from_fn(|b| {
-                Runs::new(if b < bands { all } else { 0 }, per_band, chunk)
+                if b < bands {
+                    Runs::new(all, per_band, chunk)
+                } else {
+                    Runs::new(0, 1, chunk)
+                }
             });
             crate::pool::for_each(bands * per_band, &|item| {
                 let (b, home) = (item / per_band, item % per_band);
@@ -614,7 +620,8 @@ fn packed_run<A: Act32>(
                 while let Some(p) = runs[b].next(home) {
                     piece(acts, &band, p);
                 }
-                // Done with its band: help the others (whose rows are quantized by now).
+                // Done with its band: help the others (waiting for their rows' quantizers if
+                // need be; every chunk was claimed above, so they are under way).
                 for o in (1..bands).map(|k| (b + k) % bands) {
                     let band = o * band_rows..((o + 1) * band_rows).min(t);
                     let mut acts = None;
