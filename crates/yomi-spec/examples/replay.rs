@@ -13,8 +13,8 @@
 //! `--oracle-depth` replaces each proposal by a chain from the drafter's own best occurrence
 //! (the first of its longest match's occurrences) exactly as deep as the recording follows it
 //! (at most the budget): what the drafter would reach if it knew how far each copy goes.
-//! `--oracle-occurrence` also picks the occurrence the recording follows furthest. Both bound
-//! what better depth estimates (and occurrence choices) could gain.
+//! `--oracle-occurrence` (which implies it) also picks the occurrence the recording follows
+//! furthest. Both bound what better depth estimates (and occurrence choices) could gain.
 //!
 //! `--costs 1,1.01,1.1,…` charges a pass of T rows the T-th value instead (pass times relative
 //! to a one-row pass, as `verify_cost` prints them; past the list's end its last step
@@ -24,7 +24,7 @@
 //! pass size.
 //!
 //! cargo run --release -p yomi-spec --example replay -- [--r 0.25] [--growth 0] [--budget 16]
-//! [--costs LIST [--tell-curve]] [--oracle-depth [--oracle-occurrence]] FILE...
+//! [--costs LIST [--tell-curve]] [--oracle-depth | --oracle-occurrence] FILE...
 
 use std::process::ExitCode;
 
