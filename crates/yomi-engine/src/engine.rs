@@ -51,8 +51,8 @@ pub struct Engine {
     pool: rayon::ThreadPool,
     /// The measured thread counts of the CPU passes, carried from request to request.
     pub(crate) pass_threads: std::sync::Mutex<Option<crate::pass_threads::PassThreads>>,
-    /// The verify-pass cost fit, carried from request to request ([`crate::pass_cost`]).
-    pub(crate) pass_cost: std::sync::Mutex<crate::pass_cost::PassCost>,
+    /// The verify-pass cost fit, carried from request to request ([`yomi_spec::PassCost`]).
+    pub(crate) pass_cost: std::sync::Mutex<yomi_spec::PassCost>,
 }
 
 impl Engine {

@@ -5,7 +5,6 @@ pub mod engine;
 pub mod generate;
 mod gguf_model;
 mod gguf_spm;
-mod pass_cost;
 mod pass_threads;
 pub mod perplexity;
 pub mod prefix_cache;

@@ -1,6 +1,6 @@
 //! The engine measures its verify passes and tells the drafter what a pass costs by its size
 //! (a measured curve, or a slope and a bend while few sizes are measured,
-//! `crates/yomi-engine/src/pass_cost.rs`), and keeps those measurements from one request to
+//! `crates/yomi-spec/src/pass_cost.rs`), and keeps those measurements from one request to
 //! the next: a second request's first proposal is already sized by them.
 
 use std::path::PathBuf;

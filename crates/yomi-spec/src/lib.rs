@@ -11,10 +11,12 @@
 //! would have drawn at that position: speculation changes speed, never output.
 
 mod draft_tree;
+mod pass_cost;
 mod substitute;
 mod suffix;
 
 pub use draft_tree::DraftTree;
+pub use pass_cost::PassCost;
 pub use substitute::Substitutions;
 pub use suffix::{SuffixConfig, SuffixDrafter, SuffixIndex, SuffixStats};
 

@@ -23,9 +23,9 @@
 //! The engine keeps the measurements from one request to the next: they are a property of the
 //! device and the model, and a request that started from nothing drafted its first passes blind.
 //!
-//! [`Drafter::set_pass_costs`]: yomi_spec::Drafter::set_pass_costs
-//! [`Drafter::set_row_cost`]: yomi_spec::Drafter::set_row_cost
-//! [`Drafter::set_row_cost_growth`]: yomi_spec::Drafter::set_row_cost_growth
+//! [`Drafter::set_pass_costs`]: crate::Drafter::set_pass_costs
+//! [`Drafter::set_row_cost`]: crate::Drafter::set_row_cost
+//! [`Drafter::set_row_cost_growth`]: crate::Drafter::set_row_cost_growth
 
 /// The last times of one pass size.
 #[derive(Clone, Debug, Default)]
