@@ -23,13 +23,21 @@
 //! tells the drafter the `--costs` curve itself, as the engine does once it has measured each
 //! pass size.
 //!
+//! `--learn` (with `--costs`) tells the drafter what the engine would: the pass times charged
+//! so far go into a [`PassCost`] (carried from file to file, as the engine carries them from
+//! request to request), whose curve or fit the drafter is told before every proposal. Each
+//! file is replayed once uncounted first, as `spec_ab` warms up. `--noise F` scales each
+//! charged time by a factor drawn evenly from 1 ± F (a fixed seed), as a real host's passes
+//! scatter.
+//!
 //! cargo run --release -p yomi-spec --example replay -- [--r 0.25] [--growth 0] [--budget 16]
-//! [--costs LIST [--tell-curve]] [--oracle-depth | --oracle-occurrence] FILE...
+//! [--costs LIST [--tell-curve | --learn [--noise F]]] [--oracle-depth | --oracle-occurrence]
+//! FILE...
 
 use std::process::ExitCode;
 
 use yomi_core::TreeBatch;
-use yomi_spec::{DraftTree, Drafter, SuffixConfig, SuffixDrafter, accept};
+use yomi_spec::{DraftTree, Drafter, PassCost, SuffixConfig, SuffixDrafter, accept};
 
 struct Replay {
     tokens: usize,
@@ -48,6 +56,37 @@ struct Costs {
     /// Tell the drafter the curve itself ([`Drafter::set_pass_costs`]), as the engine does
     /// once it has measured the sizes.
     tell_curve: bool,
+}
+
+/// The engine's measurements, simulated (`--learn`): what the passes were charged so far.
+struct Learn {
+    cost: PassCost,
+    /// Each charged time is scaled by a factor in 1 ± `noise`.
+    noise: f64,
+    /// The noise's generator state (xorshift64).
+    rng: u64,
+}
+
+impl Learn {
+    /// Records a pass of `rows` rows charged `units` one-row passes (one unit = 1 ms).
+    fn record(&mut self, rows: usize, units: f64) {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let uniform = (self.rng >> 11) as f64 / (1u64 << 53) as f64;
+        let factor = 1.0 + self.noise * (2.0 * uniform - 1.0);
+        self.cost.add(rows, units * factor * 1e-3);
+    }
+
+    /// Tells the drafter what the engine would before a proposal of at most `budget` drafts.
+    fn tell(&self, d: &mut SuffixDrafter, budget: usize, curve: &mut Vec<f32>) {
+        if self.cost.curve(budget, curve) {
+            d.set_pass_costs(curve);
+        } else if let Some((r, g)) = self.cost.model() {
+            d.set_row_cost(r);
+            d.set_row_cost_growth(g);
+        }
+    }
 }
 
 impl Costs {
@@ -114,8 +153,16 @@ fn oracle_chain(
     }
 }
 
-fn replay(prompt: &[u32], output: &[u32], costs: &Costs, budget: usize, oracle: Oracle) -> Replay {
+fn replay(
+    prompt: &[u32],
+    output: &[u32],
+    costs: &Costs,
+    budget: usize,
+    oracle: Oracle,
+    mut learn: Option<&mut Learn>,
+) -> Replay {
     let mut d = SuffixDrafter::new(config());
+    let mut told = Vec::new();
     d.set_row_cost(costs.r);
     d.set_row_cost_growth(costs.growth);
     if costs.tell_curve {
@@ -131,6 +178,9 @@ fn replay(prompt: &[u32], output: &[u32], costs: &Costs, budget: usize, oracle: 
         draft.reset(output[i]);
         let max_depth = output.len() - i - 2;
         if max_depth > 0 {
+            if let Some(l) = learn.as_deref() {
+                l.tell(&mut d, budget, &mut told);
+            }
             d.propose(&context, budget, &mut draft);
             if oracle != Oracle::None {
                 oracle_chain(&d, oracle, output, i, budget, &mut draft);
@@ -180,7 +230,11 @@ fn replay(prompt: &[u32], output: &[u32], costs: &Costs, budget: usize, oracle: 
         debug_assert_eq!(bonus, output[i + a + 1]);
         passes += 1;
         drafted += draft.num_drafts();
-        cost += costs.pass(draft.num_drafts());
+        let charged = costs.pass(draft.num_drafts());
+        cost += charged;
+        if let Some(l) = learn.as_deref_mut() {
+            l.record(draft.len(), charged);
+        }
         context.extend_from_slice(&output[i + 1..=i + a + 1]);
         i += a + 1;
     }
@@ -235,6 +289,8 @@ fn main() -> ExitCode {
     let mut budget = 16usize;
     let mut curve = Vec::new();
     let mut tell_curve = false;
+    let mut learn = false;
+    let mut noise = 0.0f64;
     let mut oracle = Oracle::None;
     let mut files = Vec::new();
     let mut args = std::env::args().skip(1);
@@ -243,6 +299,8 @@ fn main() -> ExitCode {
             "--r" => r = args.next().and_then(|v| v.parse().ok()).unwrap_or(r),
             "--growth" => growth = args.next().and_then(|v| v.parse().ok()).unwrap_or(growth),
             "--tell-curve" => tell_curve = true,
+            "--learn" => learn = true,
+            "--noise" => noise = args.next().and_then(|v| v.parse().ok()).unwrap_or(noise),
             // `--oracle-occurrence` implies the depth oracle.
             "--oracle-depth" if oracle == Oracle::None => oracle = Oracle::Depth,
             "--oracle-depth" => {}
@@ -261,6 +319,15 @@ fn main() -> ExitCode {
             _ => files.push(a),
         }
     }
+    if (learn || noise != 0.0) && (curve.is_empty() || tell_curve) {
+        eprintln!("--learn and --noise need --costs, and not --tell-curve");
+        return ExitCode::FAILURE;
+    }
+    let mut learn = learn.then(|| Learn {
+        cost: PassCost::default(),
+        noise: noise.clamp(0.0, 0.9),
+        rng: 0x9e37_79b9_7f4a_7c15,
+    });
     let costs = Costs {
         r,
         growth,
@@ -269,6 +336,7 @@ fn main() -> ExitCode {
     };
     let model = match (costs.curve.is_empty(), growth > 0.0) {
         _ if costs.tell_curve => "the cost curve, drafter told the curve".to_string(),
+        _ if learn.is_some() => "the cost curve, drafter told what it measured".to_string(),
         (true, false) => format!("r = {r}"),
         (true, true) => format!("1 + {r}·n + {growth}·n² for n drafts"),
         (false, false) => format!("the cost curve, drafter told r = {r}"),
@@ -292,7 +360,11 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let s = replay(&prompt, &output, &costs, budget, oracle);
+        if let Some(l) = learn.as_mut() {
+            // The warm-up: measurements as the engine has them after one generation.
+            replay(&prompt, &output, &costs, budget, oracle, Some(l));
+        }
+        let s = replay(&prompt, &output, &costs, budget, oracle, learn.as_mut());
         println!(
             "| {f} | {} | {:.2} | {:.2} | {:.2}x |",
             s.tokens,
