@@ -16,9 +16,9 @@
 //! one-row pass, and c / a how fast that grows. On the CPU the curve bends up: SmolLM2 on the
 //! 2-core Zen 4 VM, 600 tokens in, cost 1.15 / 1.65 / 2.97 / 3.83 / 7.22 one-row passes at
 //! T = 2 / 4 / 6 / 8 / 16, so a line through the usual 3–8-row passes undercharged deep trees
-//! (see bench/RESULTS.md, fourteenth session). The bend is dropped (a line) while the window holds too few
-//! distinct sizes to fit it, or when the fit bends down or starts with a negative slope: noise,
-//! or a device whose first extra rows are nearly free.
+//! (see bench/RESULTS.md, fourteenth session). The bend is dropped (a line) while the window
+//! holds too few distinct sizes to fit it, or when the fit bends down or starts with a
+//! negative slope: noise, or a device whose first extra rows are nearly free.
 //!
 //! The engine keeps the measurements from one request to the next: they are a property of the
 //! device and the model, and a request that started from nothing drafted its first passes blind.
