@@ -473,12 +473,7 @@ impl Engine {
                     .min(room - 1)
                     .min(model.max_tree_rows() - 1);
                 if max_depth > 0 {
-                    if cost.curve(max_drafts, &mut curve) {
-                        d.set_pass_costs(&curve);
-                    } else if let Some((r, g)) = cost.model() {
-                        d.set_row_cost(r);
-                        d.set_row_cost_growth(g);
-                    }
+                    cost.inform(d, max_drafts, &mut curve);
                     d.propose(&out.context, max_drafts, &mut draft);
                     if draft.root() != Some(next) {
                         bail!("the drafter's tree is not rooted at the pending token");

@@ -77,16 +77,6 @@ impl Learn {
         let factor = 1.0 + self.noise * (2.0 * uniform - 1.0);
         self.cost.add(rows, units * factor * 1e-3);
     }
-
-    /// Tells the drafter what the engine would before a proposal of at most `budget` drafts.
-    fn tell(&self, d: &mut SuffixDrafter, budget: usize, curve: &mut Vec<f32>) {
-        if self.cost.curve(budget, curve) {
-            d.set_pass_costs(curve);
-        } else if let Some((r, g)) = self.cost.model() {
-            d.set_row_cost(r);
-            d.set_row_cost_growth(g);
-        }
-    }
 }
 
 impl Costs {
@@ -179,7 +169,8 @@ fn replay(
         let max_depth = output.len() - i - 2;
         if max_depth > 0 {
             if let Some(l) = learn.as_deref() {
-                l.tell(&mut d, budget, &mut told);
+                // What the engine tells the drafter before every proposal.
+                l.cost.inform(&mut d, budget, &mut told);
             }
             d.propose(&context, budget, &mut draft);
             if oracle != Oracle::None {

@@ -27,6 +27,8 @@
 //! [`Drafter::set_row_cost`]: crate::Drafter::set_row_cost
 //! [`Drafter::set_row_cost_growth`]: crate::Drafter::set_row_cost_growth
 
+use crate::Drafter;
+
 /// The last times of one pass size.
 #[derive(Clone, Debug, Default)]
 struct SizeTimes {
@@ -156,6 +158,20 @@ impl PassCost {
             out.push(c);
         }
         true
+    }
+}
+
+impl PassCost {
+    /// Tells `drafter` what a pass costs before a proposal of at most `max_drafts` drafts: the
+    /// curve once one-row passes and the fit are known, else the fit alone, else nothing (it
+    /// keeps its own estimate). `curve` is scratch, reused from pass to pass.
+    pub fn inform(&self, drafter: &mut dyn Drafter, max_drafts: usize, curve: &mut Vec<f32>) {
+        if self.curve(max_drafts, curve) {
+            drafter.set_pass_costs(curve);
+        } else if let Some((r, g)) = self.model() {
+            drafter.set_row_cost(r);
+            drafter.set_row_cost_growth(g);
+        }
     }
 }
 
