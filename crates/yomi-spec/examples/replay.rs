@@ -28,10 +28,16 @@
 //! request to request), whose curve or fit the drafter is told before every proposal. Each
 //! file is replayed once uncounted first, as `spec_ab` warms up. `--noise F` scales each
 //! charged time by a factor drawn evenly from 1 ± F (a fixed seed), as a real host's passes
-//! scatter.
+//! scatter. `--drift A [--drift-period P]` scales them also by 1 + A · sin(2π · pass / P)
+//! (passes counted over all files; P = 400 by default), as a shared VM's speed drifts from
+//! minute to minute, so that sizes measured at different moments disagree.
+//!
+//! `--cold` (implies `--learn`) replays each file as a fresh process does (`yomi run`): an
+//! empty [`PassCost`], no warm-up, and the drafter told nothing until the engine would tell it.
 //!
 //! cargo run --release -p yomi-spec --example replay -- [--r 0.25] [--growth 0] [--budget 16]
-//! [--costs LIST [--tell-curve | --learn [--noise F]]] [--oracle-depth | --oracle-occurrence]
+//! [--costs LIST [--tell-curve | --learn | --cold] [--noise F] [--drift A [--drift-period P]]]
+//! [--oracle-depth | --oracle-occurrence]
 //! FILE...
 
 use std::process::ExitCode;
@@ -65,11 +71,19 @@ struct Learn {
     noise: f64,
     /// The noise's generator state (xorshift64).
     rng: u64,
+    /// The host's speed drifting: each charged time is scaled by 1 + drift · sin(2π · pass /
+    /// drift_period), passes counted over every file.
+    drift: f64,
+    drift_period: f64,
+    passes: u64,
 }
 
 impl Learn {
     /// Records a pass of `rows` rows charged `units` one-row passes (one unit = 1 ms).
     fn record(&mut self, rows: usize, units: f64) {
+        self.passes += 1;
+        let phase = std::f64::consts::TAU * self.passes as f64 / self.drift_period;
+        let units = units * (1.0 + self.drift * phase.sin());
         self.rng ^= self.rng << 13;
         self.rng ^= self.rng >> 7;
         self.rng ^= self.rng << 17;
@@ -150,11 +164,14 @@ fn replay(
     budget: usize,
     oracle: Oracle,
     mut learn: Option<&mut Learn>,
+    cold: bool,
 ) -> Replay {
     let mut d = SuffixDrafter::new(config());
     let mut told = Vec::new();
-    d.set_row_cost(costs.r);
-    d.set_row_cost_growth(costs.growth);
+    if !cold {
+        d.set_row_cost(costs.r);
+        d.set_row_cost_growth(costs.growth);
+    }
     if costs.tell_curve {
         d.set_pass_costs(&costs.curve);
     }
@@ -281,7 +298,10 @@ fn main() -> ExitCode {
     let mut curve = Vec::new();
     let mut tell_curve = false;
     let mut learn = false;
+    let mut cold = false;
     let mut noise = 0.0f64;
+    let mut drift = 0.0f64;
+    let mut drift_period = 400.0f64;
     let mut oracle = Oracle::None;
     let mut files = Vec::new();
     let mut args = std::env::args().skip(1);
@@ -291,7 +311,18 @@ fn main() -> ExitCode {
             "--growth" => growth = args.next().and_then(|v| v.parse().ok()).unwrap_or(growth),
             "--tell-curve" => tell_curve = true,
             "--learn" => learn = true,
+            "--cold" => {
+                learn = true;
+                cold = true;
+            }
             "--noise" => noise = args.next().and_then(|v| v.parse().ok()).unwrap_or(noise),
+            "--drift" => drift = args.next().and_then(|v| v.parse().ok()).unwrap_or(drift),
+            "--drift-period" => {
+                drift_period = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(drift_period)
+            }
             // `--oracle-occurrence` implies the depth oracle.
             "--oracle-depth" if oracle == Oracle::None => oracle = Oracle::Depth,
             "--oracle-depth" => {}
@@ -310,14 +341,17 @@ fn main() -> ExitCode {
             _ => files.push(a),
         }
     }
-    if (learn || noise != 0.0) && (curve.is_empty() || tell_curve) {
-        eprintln!("--learn and --noise need --costs, and not --tell-curve");
+    if (learn || noise != 0.0 || drift != 0.0) && (curve.is_empty() || tell_curve) {
+        eprintln!("--learn, --cold, --noise and --drift need --costs, and not --tell-curve");
         return ExitCode::FAILURE;
     }
     let mut learn = learn.then(|| Learn {
         cost: PassCost::default(),
         noise: noise.clamp(0.0, 0.9),
         rng: 0x9e37_79b9_7f4a_7c15,
+        drift: drift.clamp(0.0, 0.9),
+        drift_period: drift_period.max(1.0),
+        passes: 0,
     });
     let costs = Costs {
         r,
@@ -351,11 +385,22 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        if let Some(l) = learn.as_mut() {
+        if cold && let Some(l) = learn.as_mut() {
+            // A fresh engine: nothing measured, the drafter told nothing.
+            l.cost = PassCost::default();
+        } else if let Some(l) = learn.as_mut() {
             // The warm-up: measurements as the engine has them after one generation.
-            replay(&prompt, &output, &costs, budget, oracle, Some(l));
+            replay(&prompt, &output, &costs, budget, oracle, Some(l), false);
         }
-        let s = replay(&prompt, &output, &costs, budget, oracle, learn.as_mut());
+        let s = replay(
+            &prompt,
+            &output,
+            &costs,
+            budget,
+            oracle,
+            learn.as_mut(),
+            cold,
+        );
         println!(
             "| {f} | {} | {:.2} | {:.2} | {:.2}x |",
             s.tokens,
