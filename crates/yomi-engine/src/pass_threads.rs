@@ -5,6 +5,12 @@
 //! Passes are grouped by rows as the kernels change behaviour: 1 (plain decoding, streaming
 //! the weights), 2–4 (the VNNI kernels), 5–8, 9–16 and 17+ (the AMX kernels from 5 rows).
 //!
+//! A pass of more rows streams the same weights and joins as often as a one-row pass but does
+//! more arithmetic per byte, so it wants at least as many threads: the multi-row groups never
+//! probe fewer threads than the one-row passes found best (their floor). On the 2-vCPU VM a
+//! one-shot `yomi run` otherwise spent ~6 % of its drafted generation measuring one-thread
+//! multi-row passes that ran 1.9–2.7× slower (a 5–8-row pass 12.5 ms against 6.7).
+//!
 //! Two environment variables serve benchmarks and diagnosis: `YOMI_PASS_THREADS=N` runs every
 //! pass on N threads (no measuring), and `YOMI_PASS_TRACE=1` prints each pass's rows, threads
 //! and time to stderr (`pass rows=T threads=N us=…`).
@@ -76,7 +82,14 @@ impl PassThreads {
             eprintln!("pass rows={rows} threads={threads} us={:.0}", secs * 1e6);
         }
         if self.fixed.is_none() {
-            self.groups[Self::group(rows)].record(threads, secs);
+            let g = Self::group(rows);
+            self.groups[g].record(threads, secs);
+            if g == 0 && !self.groups[0].in_first_search() {
+                let floor = self.groups[0].best();
+                for later in &mut self.groups[1..] {
+                    later.set_floor(floor);
+                }
+            }
         }
     }
 }
@@ -122,5 +135,82 @@ mod tests {
         };
         assert_eq!((fixed.pick(1), fixed.pick(8)), (3, 3));
         assert!(!fixed.probing(1));
+    }
+
+    /// Runs `rounds` rounds of one pass per size in `sizes` with times from `time(rows,
+    /// threads)`; returns every (rows, threads) picked.
+    fn drive(
+        p: &mut PassThreads,
+        rounds: usize,
+        sizes: &[usize],
+        time: impl Fn(usize, usize) -> f64,
+    ) -> Vec<(usize, usize)> {
+        let mut picked = Vec::new();
+        for _ in 0..rounds {
+            for &rows in sizes {
+                let t = p.pick(rows);
+                p.record(rows, t, time(rows, t));
+                picked.push((rows, t));
+            }
+        }
+        picked
+    }
+
+    fn fresh(all: usize) -> PassThreads {
+        PassThreads {
+            groups: PassThreads::groups(all),
+            fixed: None,
+            trace: false,
+        }
+    }
+
+    /// On two cores where a one-row pass is faster on both, no multi-row pass is spent on
+    /// measuring one thread (each such probe cost up to three passes at ~2× on the VM).
+    #[test]
+    fn multi_row_passes_never_probe_below_the_one_row_choice() {
+        let mut p = fresh(2);
+        let time = |rows: usize, t: usize| {
+            let one = if t == 2 { 3.3e-3 } else { 4.6e-3 };
+            one * (1.0 + 0.3 * (rows - 1) as f64) * if t == 1 && rows > 1 { 1.6 } else { 1.0 }
+        };
+        let picked = drive(&mut p, 2000, &[1, 3, 6, 12], time);
+        assert_eq!(p.groups[0].best(), 2);
+        let multi_on_one = picked.iter().filter(|&&(r, t)| r > 1 && t == 1).count();
+        assert_eq!(multi_on_one, 0, "multi-row passes measured on one thread");
+        // The one-row group still probes its neighbour now and then.
+        assert!(picked.iter().any(|&(r, t)| r == 1 && t == 1));
+    }
+
+    /// On sixteen threads where one-row passes are best on 8, multi-row passes may measure 8
+    /// (and settle there if it is faster) but never 4 or fewer.
+    #[test]
+    fn the_floor_follows_the_one_row_choice() {
+        let mut p = fresh(16);
+        let time = |rows: usize, t: usize| {
+            let one = match t {
+                16 => 3.3e-3,
+                8 => 2.5e-3,
+                4 => 3.0e-3,
+                2 => 5.0e-3,
+                _ => 9.8e-3,
+            };
+            // Four rows run best on 8 threads too, eight rows on 16.
+            let extra = match (rows, t) {
+                (1, _) => 1.0,
+                (2..=4, 16) => 1.5,
+                (2..=4, 8) => 1.4,
+                (2..=4, _) => 1.45,
+                (_, 16) => 1.8,
+                _ => 3.0,
+            };
+            one * extra
+        };
+        let picked = drive(&mut p, 1500, &[1, 4, 8], time);
+        let best = |rows: usize| p.groups[PassThreads::group(rows)].best();
+        assert_eq!(best(1), 8);
+        assert_eq!(best(4), 8, "four rows settle on the faster 8");
+        assert_eq!(best(8), 16);
+        let below = picked.iter().filter(|&&(r, t)| r > 1 && t < 8).count();
+        assert_eq!(below, 0, "multi-row passes measured below the floor");
     }
 }

@@ -36,6 +36,10 @@
 //! share). A probe stops at a pass [`ABORT`] times slower than the best (toward more threads
 //! from its second pass, the first may be waking workers).
 //!
+//! **Floor.** A caller that knows a kind of pass wants at least some count
+//! ([`ThreadChoice::set_floor`]: passes of more rows than one that measured it best) keeps
+//! probes and moves at or above it.
+//!
 //! The thread count never changes a bit of the output: every parallel loop computes the same
 //! values however it is split.
 
@@ -118,6 +122,8 @@ pub struct ThreadChoice {
     searching: bool,
     /// Passes recorded.
     passes: u64,
+    /// No probe and no move goes below this many threads (see [`ThreadChoice::set_floor`]).
+    floor: usize,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -165,7 +171,26 @@ impl ThreadChoice {
             probe: None,
             searching: false,
             passes: 0,
+            floor: 1,
         }
+    }
+
+    /// The count this choice uses outside probes (the fastest measured).
+    pub fn best(&self) -> usize {
+        self.cands[self.current].threads
+    }
+
+    /// Whether the first search down the candidates is still under way.
+    pub fn in_first_search(&self) -> bool {
+        self.searching
+    }
+
+    /// Probes and moves no lower than `threads` from now on: a pass that the caller knows
+    /// wants at least that many (one with more rows than a kind of pass that measured it
+    /// best: more arithmetic per weight streamed, the same joins) need not pay for measuring
+    /// fewer. A count already below it stays until a probe beats it.
+    pub fn set_floor(&mut self, threads: usize) {
+        self.floor = threads.max(1);
     }
 
     /// The threads for the next pass.
@@ -248,6 +273,9 @@ impl ThreadChoice {
         ];
         for next in sides.into_iter().flatten() {
             let k = &self.cands[next];
+            if k.threads < self.floor {
+                continue;
+            }
             if self.passes - k.last_seen >= self.probe_every(next).min(k.wait) {
                 self.start_probe(next);
                 return;
@@ -285,6 +313,9 @@ impl ThreadChoice {
             self.current.saturating_sub(1)..(self.current + 2).min(self.cands.len())
         };
         for i in near {
+            if self.cands[i].threads < self.floor && i != self.current {
+                continue;
+            }
             if let Some(t) = self.cands[i].estimate()
                 && self.cands[best].estimate().is_none_or(|b| t < b)
             {
