@@ -8,8 +8,8 @@
 //! A pass of more rows streams the same weights and joins as often as a one-row pass but does
 //! more arithmetic per byte, so it wants at least as many threads: the multi-row groups never
 //! probe fewer threads than the one-row passes found best (their floor). On the 2-vCPU VM a
-//! one-shot `yomi run` otherwise spent ~6 % of its drafted generation measuring one-thread
-//! multi-row passes that ran 1.9–2.7× slower (a 5–8-row pass 12.5 ms against 6.7).
+//! one-shot `yomi run` otherwise lost up to ~30 ms of a 540 ms drafted generation to
+//! multi-row passes measured on one thread (a 5–8-row pass 12.5 ms against 6.7 on two).
 //!
 //! Two environment variables serve benchmarks and diagnosis: `YOMI_PASS_THREADS=N` runs every
 //! pass on N threads (no measuring), and `YOMI_PASS_TRACE=1` prints each pass's rows, threads
