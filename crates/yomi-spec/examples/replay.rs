@@ -345,6 +345,11 @@ fn main() -> ExitCode {
         eprintln!("--learn, --cold, --noise and --drift need --costs, and not --tell-curve");
         return ExitCode::FAILURE;
     }
+    if (noise != 0.0 || drift != 0.0) && !learn {
+        // They scatter what the engine would measure: without --learn nothing is measured.
+        eprintln!("--noise and --drift need --learn or --cold");
+        return ExitCode::FAILURE;
+    }
     let mut learn = learn.then(|| Learn {
         cost: PassCost::default(),
         noise: noise.clamp(0.0, 0.9),

@@ -159,9 +159,7 @@ impl PassCost {
         }
         true
     }
-}
 
-impl PassCost {
     /// Tells `drafter` what a pass costs before a proposal of at most `max_drafts` drafts: the
     /// curve once one-row passes and the fit are known, else the fit alone, else nothing (it
     /// keeps its own estimate). `curve` is scratch, reused from pass to pass.
