@@ -60,6 +60,7 @@ fn main() -> anyhow::Result<()> {
         {
             yomi_cpu::pool::profile::take();
             yomi_cpu::pool::profile::take_busy();
+            yomi_cpu::pool::profile::take_phases();
         }
         // VERIFY_THREADS=1,2,4,…: repeat every size on each of these thread counts.
         let thread_counts: Vec<usize> = std::env::var("VERIFY_THREADS")
@@ -139,5 +140,13 @@ fn print_profile(t: usize, reps: usize, times: &[f64]) {
     println!(
         "    busy µs per pass by thread (submitter first): {}",
         busy.join(" ")
+    );
+    let phases: Vec<String> = profile::take_phases()
+        .iter()
+        .map(|&(name, ns)| format!("{name} {:.0}", per_pass(ns)))
+        .collect();
+    println!(
+        "    of the busy time, µs per pass over all threads: {}",
+        phases.join(", ")
     );
 }

@@ -1,7 +1,8 @@
 //! Where a pass's time goes, for diagnosis builds (`--features yomi-cpu/pool-profile`, e.g.
 //! `cargo build --release -p yomi-engine --example verify_cost --features pool-profile`):
 //! the time of every parallel loop by its call site, the part of it the submitting thread spent
-//! waiting for the other participants at the join, and each thread's busy time inside loops.
+//! waiting for the other participants at the join, and each thread's busy time inside loops,
+//! and of that busy time the named [`Phase`]s (the shared quantization of a linear's input).
 //! A pass's time outside all loops is the serial work that the pool waits for. Without the
 //! feature none of this is compiled.
 //!
@@ -131,4 +132,53 @@ pub fn take() -> Vec<((&'static str, u32), Site)> {
 /// resets them.
 pub fn take_busy() -> Vec<u64> {
     BUSY.iter().map(|b| b.swap(0, Ordering::Relaxed)).collect()
+}
+
+/// Named phases inside loop items (summed over all threads): where a participant's busy time
+/// goes below the loop level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Quantizing claimed chunks of a shared input as it is.
+    Quantize = 0,
+    /// Spinning until the other participants' chunks of a shared input are done.
+    AwaitRows = 1,
+    /// Quantizing claimed chunks with the SwiGLU prologue.
+    QuantizeSwiGlu = 2,
+    /// Quantizing claimed chunks with the residual-and-RMSNorm prologue.
+    QuantizeAddNorm = 3,
+}
+
+/// Phase names, by [`Phase`] value.
+pub const PHASES: [&str; 4] = [
+    "quantize chunks (plain)",
+    "await others' chunks",
+    "quantize chunks (swiglu)",
+    "quantize chunks (add+norm)",
+];
+
+static PHASE_NS: [AtomicU64; PHASES.len()] = [const { AtomicU64::new(0) }; PHASES.len()];
+
+/// Times one phase until dropped.
+pub(crate) struct PhaseTimer(Instant, Phase);
+
+impl PhaseTimer {
+    pub(crate) fn new(phase: Phase) -> Self {
+        PhaseTimer(Instant::now(), phase)
+    }
+}
+
+impl Drop for PhaseTimer {
+    fn drop(&mut self) {
+        let ns = self.0.elapsed().as_nanos() as u64;
+        PHASE_NS[self.1 as usize].fetch_add(ns, Ordering::Relaxed);
+    }
+}
+
+/// Nanoseconds per phase (all threads together) since the last call; resets them.
+pub fn take_phases() -> Vec<(&'static str, u64)> {
+    PHASES
+        .iter()
+        .zip(&PHASE_NS)
+        .map(|(&name, ns)| (name, ns.swap(0, Ordering::Relaxed)))
+        .collect()
 }

@@ -220,6 +220,12 @@ impl<'a, A: ActBlock> SharedQuantize<'a, A> {
             // raises on the caller): a participant waiting below never waits for a chunk that
             // will not come.
             let _done = Done(&slot.done);
+            #[cfg(feature = "pool-profile")]
+            let _phase = crate::pool::profile::PhaseTimer::new(match &self.prologue {
+                Prologue::None => crate::pool::profile::Phase::Quantize,
+                Prologue::SwiGlu { .. } => crate::pool::profile::Phase::QuantizeSwiGlu,
+                Prologue::AddNorm { .. } => crate::pool::profile::Phase::QuantizeAddNorm,
+            });
             let r0 = c * self.rows_per_chunk;
             let r1 = (r0 + self.rows_per_chunk).min(self.rows);
             // SAFETY: chunk c is claimed once (the swap hands out each chunk once), so rows
@@ -273,6 +279,8 @@ impl<'a, A: ActBlock> SharedQuantize<'a, A> {
         } else {
             rows.start / self.rows_per_chunk..(rows.end - 1) / self.rows_per_chunk + 1
         };
+        #[cfg(feature = "pool-profile")]
+        let _phase = crate::pool::profile::PhaseTimer::new(crate::pool::profile::Phase::AwaitRows);
         for slot in &self.slots[wait] {
             while !slot.done.load(Ordering::Acquire) {
                 std::hint::spin_loop();
