@@ -8,7 +8,8 @@
 //! `VERIFY_THREADS=16,8,1` repeats every size on each of these thread counts. Built with
 //! `--features pool-profile` it also prints, per size, where the passes' time went (see
 //! `yomi_cpu::pool::profile`): each parallel loop's call site, the submitting thread's waits
-//! at the joins, the time outside all loops (serial work), and each thread's busy time.
+//! at the joins, the time outside all loops (serial work), each thread's busy time, and of it
+//! the shared quantization's phases (chunks quantized, waits for the other participants').
 
 use std::path::Path;
 use std::time::Instant;
