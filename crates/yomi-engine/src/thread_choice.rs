@@ -99,6 +99,13 @@ impl Candidate {
         self.n += 1;
     }
 
+    /// Drops the kept times: the next ones fill the ring from its start, so that
+    /// [`Self::estimate`] (which reads the first `kept` slots) sees only them.
+    fn forget(&mut self) {
+        self.kept = 0;
+        self.next = 0;
+    }
+
     /// The median of the kept times (the lower of the middle two); None if none are kept.
     fn estimate(&self) -> Option<f64> {
         let k = self.kept;
@@ -298,7 +305,7 @@ impl ThreadChoice {
 
     /// Starts measuring candidate `i` afresh.
     fn start_probe(&mut self, i: usize) {
-        self.cands[i].kept = 0;
+        self.cands[i].forget();
         self.probe = Some(Probe::of(i));
     }
 
@@ -550,6 +557,70 @@ mod tests {
         }
     }
 
+    /// A probe measures a candidate afresh: its estimate comes from the probe's passes alone,
+    /// wherever the candidate's ring of kept times stood when the probe began.
+    #[test]
+    fn a_probe_is_judged_by_its_own_passes() {
+        for before in 0..2 * KEEP {
+            let mut c = ThreadChoice::at_all(4); // candidates 4, 2, 1
+            for _ in 0..before {
+                c.cands[1].push(9.0e-3);
+            }
+            c.start_probe(1);
+            for _ in 0..PROBE {
+                assert_eq!(c.pick(), 2);
+                c.record(2, 1.0e-3);
+            }
+            assert_eq!(
+                c.cands[1].estimate(),
+                Some(1.0e-3),
+                "after {before} older times"
+            );
+        }
+    }
+
+    /// The 16-core host of the twenty-fifth session (`YOMI_PASS_TRACE=1` of a `spec_ab` run,
+    /// bench/RESULTS.md): one-row passes took 1.5 ms on 16 threads, 1.95 on 8, 2.5 on 4 and 5
+    /// on 2, until stretches of interference made a few passes at a time 3–7× slower on
+    /// every count. The choice went down to 4 threads during them, as it should; after them
+    /// its probes of 8 and 16 threads measured their usual times but were judged by the
+    /// stretches' (the ring of kept times was not reset with its count, see
+    /// `a_probe_is_judged_by_its_own_passes`), and ~15 % of that run's one-row passes ran on
+    /// 4 or 8 threads. Simulated: slow stretches of 3 passes in every 12 through passes
+    /// 400–500. With the stale estimates, 16 threads ran 8.5 % and 24 % of passes 500–700 in
+    /// two of the 20 seeds (0.76 on average); now at least 68 % in every seed (0.87).
+    #[test]
+    fn a_probe_after_interference_is_not_judged_by_it() {
+        let base = |t: usize| match t {
+            16 => 1.5e-3,
+            8 => 1.95e-3,
+            4 => 2.5e-3,
+            2 => 5.0e-3,
+            _ => 9.8e-3,
+        };
+        for seed in 0..20 {
+            let mut rng = seed;
+            let mut c = ThreadChoice::searching(16);
+            let (picks, _) = drive(&mut c, 1500, |t, p, _| {
+                let slow = if (400..500).contains(&p) && p % 12 < 3 {
+                    3.0 + 4.0 * uniform(&mut rng)
+                } else {
+                    1.0
+                };
+                base(t) * (1.0 + 0.05 * uniform(&mut rng)) * slow
+            });
+            let before = share(&picks[300..400], 16);
+            assert!(before > 0.9, "seed {seed}: before the stretches {before}");
+            let soon = share(&picks[500..700], 16);
+            assert!(
+                soon > 0.6,
+                "seed {seed}: 16 threads right after them {soon}"
+            );
+            let later = share(&picks[700..], 16);
+            assert!(later > 0.95, "seed {seed}: 16 threads later {later}");
+        }
+    }
+
     #[test]
     fn one_thread_pools_and_bad_times_change_nothing() {
         let mut c = ThreadChoice::searching(1);
@@ -575,7 +646,7 @@ mod tests {
         assert_eq!(k.estimate(), Some(3.0));
         k.push(3.5);
         assert_eq!(k.estimate(), Some(3.5));
-        k.push(3.2); // replaces the 9
+        k.push(3.2); // the 9 is the highest of four: the lower middle is 3.2
         assert_eq!(k.estimate(), Some(3.2));
     }
 }
