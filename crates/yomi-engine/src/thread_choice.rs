@@ -585,8 +585,8 @@ mod tests {
     /// every count. The choice went down to 4 threads during them, as it should; after them
     /// its probes of 8 and 16 threads measured their usual times but were judged by the
     /// stretches' (the ring of kept times was not reset with its count, see
-    /// `a_probe_is_judged_by_its_own_passes`), and ~15 % of that run's one-row passes ran on
-    /// 4 or 8 threads. Simulated: slow stretches of 3 passes in every 12 through passes
+    /// `a_probe_is_judged_by_its_own_passes`), and 344 of that run's 2236 one-row passes ran
+    /// on 8, 4 or 2 threads. Simulated: slow stretches of 3 passes in every 12 through passes
     /// 400–500. With the stale estimates, 16 threads ran 8.5 % and 24 % of passes 500–700 in
     /// two of the 20 seeds (0.76 on average); now at least 68 % in every seed (0.87).
     #[test]
