@@ -687,8 +687,8 @@ fn avx2_matches_scalar_integer_sums() {
 
 #[test]
 #[cfg_attr(
-    not(target_feature = "avxvnni"),
-    ignore = "needs an AVX-VNNI CPU: run `cargo test -p yomi-cpu -- --ignored vnni` there"
+    not(yomi_host_avxvnni),
+    ignore = "needs an AVX-VNNI CPU (the build host has none, see build.rs)"
 )]
 fn avxvnni_matches_scalar_integer_sums() {
     if !Isa::AvxVnni.is_supported() {
@@ -702,8 +702,8 @@ fn avxvnni_matches_scalar_integer_sums() {
 
 #[test]
 #[cfg_attr(
-    not(target_feature = "avx512vnni"),
-    ignore = "needs an AVX-512-VNNI CPU: run `cargo test -p yomi-cpu -- --ignored vnni` there"
+    not(yomi_host_avx512vnni),
+    ignore = "needs an AVX-512-VNNI CPU (the build host has none, see build.rs)"
 )]
 fn avx512vnni_matches_scalar_integer_sums() {
     if !Isa::Avx512Vnni.is_supported() {
