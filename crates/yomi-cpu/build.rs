@@ -1,10 +1,13 @@
-//! Tells the tests which instruction sets the build host has (`cfg(yomi_host_avxvnni)`,
-//! `cfg(yomi_host_avx512vnni)`), so that a kernel's parity test is ignored — reported as not
-//! run, never counted as passing — on a machine that cannot run it, and runs on one that can.
-//! The kernels themselves choose by run-time detection ([`Isa::is_supported`] in
-//! `src/quant/mod.rs`, whose conditions these repeat); tests run where they are built.
+//! Tells the tests which instruction sets the build host has (`cfg(yomi_host_avx2)`,
+//! `cfg(yomi_host_avxvnni)`, `cfg(yomi_host_avx512vnni)`), so that a kernel's parity test is
+//! ignored (reported as not run, never counted as passing) on a machine that cannot run it,
+//! and runs on one that can. The kernels themselves choose by run-time detection
+//! (`Isa::is_supported` in `src/quant/mod.rs`, whose conditions these repeat); tests run where
+//! they are built. A build reused on another machine keeps the first host's answer; there the
+//! tests' own run-time check still says SKIPPED rather than fail on a missing instruction.
 
 fn main() {
+    println!("cargo::rustc-check-cfg=cfg(yomi_host_avx2)");
     println!("cargo::rustc-check-cfg=cfg(yomi_host_avxvnni)");
     println!("cargo::rustc-check-cfg=cfg(yomi_host_avx512vnni)");
     // The build script runs on the build host: only a native x86-64 build may ask it.
@@ -15,6 +18,9 @@ fn main() {
         let avx2 = is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c");
+        if avx2 {
+            println!("cargo::rustc-cfg=yomi_host_avx2");
+        }
         if avx2 && is_x86_feature_detected!("avxvnni") {
             println!("cargo::rustc-cfg=yomi_host_avxvnni");
         }

@@ -677,6 +677,10 @@ fn isa_parity(isa: Isa) {
 }
 
 #[test]
+#[cfg_attr(
+    not(yomi_host_avx2),
+    ignore = "needs an AVX2+FMA+F16C CPU (the build host has none, see build.rs)"
+)]
 fn avx2_matches_scalar_integer_sums() {
     if !Isa::Avx2.is_supported() {
         println!("SKIPPED (nothing tested): this CPU lacks AVX2+FMA+F16C");
@@ -940,6 +944,10 @@ fn rows_bitwise_scalar() {
 }
 
 #[test]
+#[cfg_attr(
+    not(yomi_host_avx2),
+    ignore = "needs an AVX2+FMA+F16C CPU (the build host has none, see build.rs)"
+)]
 fn rows_bitwise_avx2() {
     if !Isa::Avx2.is_supported() {
         println!("SKIPPED (nothing tested): this CPU lacks AVX2+FMA+F16C");
@@ -1014,6 +1022,10 @@ proptest! {
 }
 
 #[test]
+#[cfg_attr(
+    not(yomi_host_avx2),
+    ignore = "needs an AVX2+FMA+F16C CPU (the build host has none, see build.rs)"
+)]
 fn linear_avx2_matches_scalar() {
     if !Isa::Avx2.is_supported() {
         println!("SKIPPED (nothing tested): this CPU lacks AVX2+FMA+F16C");
