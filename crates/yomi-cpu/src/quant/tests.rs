@@ -1350,6 +1350,10 @@ fn packed_real_shapes() {
 /// every output bitwise the one-row result of the AVX-512-VNNI kernel, at both precisions.
 /// Without AMX it checks the AMX-off kernel against itself and says so.
 #[test]
+#[cfg_attr(
+    not(yomi_host_avx512vnni),
+    ignore = "needs an AVX-512-VNNI CPU (the build host has none, see build.rs)"
+)]
 fn packed_amx_real_shapes() {
     const TS: [usize; 12] = [1, 2, 3, 4, 5, 8, 15, 16, 17, 31, 32, 33];
     let cases: &[(QuantType, usize, usize)] = &[
@@ -1402,6 +1406,10 @@ fn packed_amx_real_shapes() {
 /// AVX-512-VNNI results of its own input, at T = 5, 8 and 16 (one tile, several pieces per
 /// thread).
 #[test]
+#[cfg_attr(
+    not(yomi_host_avx512vnni),
+    ignore = "needs an AVX-512-VNNI CPU (the build host has none, see build.rs)"
+)]
 fn amx_tiles_are_not_reused_across_loops() {
     let Some(base) = Kernel::new(Isa::Avx512Vnni) else {
         eprintln!("amx_tiles_are_not_reused_across_loops: no AVX-512-VNNI, nothing to compare");
