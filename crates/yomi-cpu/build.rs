@@ -3,8 +3,9 @@
 //! ignored (reported as not run, never counted as passing) on a machine that cannot run it,
 //! and runs on one that can. The kernels themselves choose by run-time detection
 //! (`Isa::is_supported` in `src/quant/mod.rs`, whose conditions these repeat); tests run where
-//! they are built. A build reused on another machine keeps the first host's answer; there the
-//! tests' own run-time check still says SKIPPED rather than fail on a missing instruction.
+//! they are built. A build reused on another machine keeps the first host's answer; a test it
+//! let run on a CPU without the ISA fails and says to rebuild (`require` in the tests). Not
+//! rerun per boot: that would recompile the crate and all above it every time.
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(yomi_host_avx2)");

@@ -178,6 +178,15 @@ fn kernel(isa: Isa, p: Precision) -> Kernel {
     Kernel::new(isa).expect("supported").with_precision(p)
 }
 
+/// For a test that build.rs let run (the build host has `isa`): fails, rather than passing
+/// with nothing tested, where the build is reused on a CPU without it.
+fn require(isa: Isa) {
+    assert!(
+        isa.is_supported(),
+        "this CPU lacks {isa:?}, which the build host had: rebuild here (cargo clean -p yomi-cpu)"
+    );
+}
+
 fn simd_isas() -> Vec<Isa> {
     [Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni]
         .into_iter()
@@ -682,10 +691,7 @@ fn isa_parity(isa: Isa) {
     ignore = "needs an AVX2+FMA+F16C CPU (the build host has none, see build.rs)"
 )]
 fn avx2_matches_scalar_integer_sums() {
-    if !Isa::Avx2.is_supported() {
-        println!("SKIPPED (nothing tested): this CPU lacks AVX2+FMA+F16C");
-        return;
-    }
+    require(Isa::Avx2);
     isa_parity(Isa::Avx2);
 }
 
@@ -695,10 +701,7 @@ fn avx2_matches_scalar_integer_sums() {
     ignore = "needs an AVX-VNNI CPU (the build host has none, see build.rs)"
 )]
 fn avxvnni_matches_scalar_integer_sums() {
-    if !Isa::AvxVnni.is_supported() {
-        println!("SKIPPED (nothing tested): this CPU lacks AVX-VNNI");
-        return;
-    }
+    require(Isa::AvxVnni);
     isa_parity(Isa::AvxVnni);
     linear_isa_parity(Isa::AvxVnni);
     rows_bitwise(Isa::AvxVnni);
@@ -710,10 +713,7 @@ fn avxvnni_matches_scalar_integer_sums() {
     ignore = "needs an AVX-512-VNNI CPU (the build host has none, see build.rs)"
 )]
 fn avx512vnni_matches_scalar_integer_sums() {
-    if !Isa::Avx512Vnni.is_supported() {
-        println!("SKIPPED (nothing tested): this CPU lacks AVX-512 F/BW/VL/VNNI");
-        return;
-    }
+    require(Isa::Avx512Vnni);
     isa_parity(Isa::Avx512Vnni);
     linear_isa_parity(Isa::Avx512Vnni);
     rows_bitwise(Isa::Avx512Vnni);
@@ -949,10 +949,7 @@ fn rows_bitwise_scalar() {
     ignore = "needs an AVX2+FMA+F16C CPU (the build host has none, see build.rs)"
 )]
 fn rows_bitwise_avx2() {
-    if !Isa::Avx2.is_supported() {
-        println!("SKIPPED (nothing tested): this CPU lacks AVX2+FMA+F16C");
-        return;
-    }
+    require(Isa::Avx2);
     rows_bitwise(Isa::Avx2);
 }
 
@@ -1027,10 +1024,7 @@ proptest! {
     ignore = "needs an AVX2+FMA+F16C CPU (the build host has none, see build.rs)"
 )]
 fn linear_avx2_matches_scalar() {
-    if !Isa::Avx2.is_supported() {
-        println!("SKIPPED (nothing tested): this CPU lacks AVX2+FMA+F16C");
-        return;
-    }
+    require(Isa::Avx2);
     linear_isa_parity(Isa::Avx2);
 }
 
@@ -1367,10 +1361,8 @@ fn packed_amx_real_shapes() {
         (QuantType::Q4_0, 1536, 576),
         (QuantType::Q8_0, 49152, 576),
     ];
-    let Some(base) = Kernel::new(Isa::Avx512Vnni) else {
-        eprintln!("packed_amx_real_shapes: no AVX-512-VNNI, nothing to compare");
-        return;
-    };
+    require(Isa::Avx512Vnni);
+    let base = Kernel::new(Isa::Avx512Vnni).expect("checked by require");
     let tmax = *TS.last().expect("T values");
     for (ci, &(ty, rows, cols)) in cases.iter().enumerate() {
         let mut rng = Rng(700 + ci as u64);
@@ -1411,10 +1403,8 @@ fn packed_amx_real_shapes() {
     ignore = "needs an AVX-512-VNNI CPU (the build host has none, see build.rs)"
 )]
 fn amx_tiles_are_not_reused_across_loops() {
-    let Some(base) = Kernel::new(Isa::Avx512Vnni) else {
-        eprintln!("amx_tiles_are_not_reused_across_loops: no AVX-512-VNNI, nothing to compare");
-        return;
-    };
+    require(Isa::Avx512Vnni);
+    let base = Kernel::new(Isa::Avx512Vnni).expect("checked by require");
     let (rows, cols) = (1536, 576);
     let mut rng = Rng(901);
     let q = QuantData::quantize(QuantType::Q4_1, rows, cols, &rng.vec(rows * cols));
