@@ -182,9 +182,13 @@ pub unsafe fn weighted_part<E: KvElem>(
 }
 
 /// [`weighted_part`] for several query rows over committed keys `k0..k1` (`k0` even): row i's
-/// weights are `scores[i·width..]`, its chains `acc[i·2hd..(i + 1)·2hd]`. Rows go in threes:
-/// each pair of value rows is loaded once for three rows (one row alone issues five loads per
-/// four FMAs, and loads were its bound). Every row's chains are exactly [`weighted_part`]'s.
+/// weights are `scores[i·width..]`, its chains `acc[i·2hd..(i + 1)·2hd]`. Rows go in fours and
+/// each chain is run on its own (the even keys into the even chain, then the odd keys into
+/// the odd one): four rows' chunks of one chain fill 16 registers, a value row's four chunks
+/// 4 more, and every value row loaded serves four rows. (Both chains of three rows at once
+/// took 24 accumulators and 6 broadcast weights, so the compiler spilled and shuffled
+/// registers in the loop: the values ran at ~57 % of the FMA rate on Zen 4.) Every row's
+/// chains are exactly [`weighted_part`]'s: each chain takes its keys in the same order.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F, BW and VL.
@@ -201,13 +205,17 @@ pub unsafe fn weighted_rows<E: KvElem>(
     let rows = acc.len() / (2 * hd);
     assert!(acc.len() == rows * 2 * hd && k0.is_multiple_of(2) && k0 <= k1 && k1 <= keys.committed);
     assert!(rows == 0 || (rows - 1) * width + k1 <= scores.len());
+    // Groups of nearly equal size (6 rows: 3 + 3, not 4 + 2: a value row loaded for two rows
+    // only pays its loads twice as often).
+    let groups = rows.div_ceil(ROWS_PER_GROUP);
     let mut i = 0;
-    while i < rows {
-        let n = (rows - i).min(3);
+    for gi in 0..groups {
+        let n = (rows - i) / (groups - gi);
         let (s, a) = (&scores[i * width..], &mut acc[i * 2 * hd..]);
         // SAFETY: the CPU has AVX-512 F (this function's contract); rows i..i + n exist.
         unsafe {
             match n {
+                4 => weighted_group::<4, E>(s, width, keys, k0, k1, a),
                 3 => weighted_group::<3, E>(s, width, keys, k0, k1, a),
                 2 => weighted_group::<2, E>(s, width, keys, k0, k1, a),
                 _ => weighted_group::<1, E>(s, width, keys, k0, k1, a),
@@ -217,11 +225,17 @@ pub unsafe fn weighted_rows<E: KvElem>(
     }
 }
 
-/// [`weighted_rows`] for exactly `R` rows (R ≤ 3: 8·R accumulators, 2·R weights and two
-/// values in the 32 registers).
+/// Query rows per [`weighted_group`] call.
+const ROWS_PER_GROUP: usize = 4;
+
+/// [`weighted_rows`] for exactly `R` rows (R ≤ 4: 4·R accumulators, four value chunks and a
+/// weight in the 32 registers).
+///
+/// # Safety
+/// The CPU must have AVX-512 F, BW and VL.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]
-#[allow(clippy::needless_range_loop)] // c and r index masks, offsets and accumulator sets.
+#[allow(clippy::needless_range_loop)] // c indexes the masks, offsets and accumulators.
 unsafe fn weighted_group<const R: usize, E: KvElem>(
     scores: &[f32],
     width: usize,
@@ -240,6 +254,8 @@ unsafe fn weighted_group<const R: usize, E: KvElem>(
     // SAFETY: committed key k < k1 is `hd` floats at `off + k·stride` inside the cache
     // (asserted for the last one); loads are masked to lanes < hd.
     let row = |k: usize| unsafe { keys.cache.as_ptr().add(keys.off + k * stride) };
+    // SAFETY: r < R and k < k1, so r·width + k < scores.len() (asserted above).
+    let weight = |r: usize, k: usize| unsafe { *scores.get_unchecked(r * width + k) };
     let nc = hd.div_ceil(LANES);
     for c0 in (0..nc).step_by(GROUP) {
         let g = (nc - c0).min(GROUP);
@@ -250,59 +266,40 @@ unsafe fn weighted_group<const R: usize, E: KvElem>(
             mask[c] = chunk_mask(hd, c0 + c);
             off[c] = (c0 + c) * LANES;
         }
-        let mut ch = [[[_mm512_setzero_ps(); GROUP]; 2]; R];
-        for r in 0..R {
-            let (even, odd) = acc[r * 2 * hd..(r + 1) * 2 * hd].split_at(hd);
-            for c in 0..g {
-                ch[r][0][c] = load_chunk(even, c0 + c);
-                ch[r][1][c] = load_chunk(odd, c0 + c);
-            }
-        }
-        let mut k = k0;
-        while k + 2 <= k1 {
-            if c0 == 0 {
-                keys.prefetch_ahead(k);
-                keys.prefetch_ahead(k + 1);
-            }
-            let (r0, r1) = (row(k), row(k + 1));
-            let mut w = [[_mm512_setzero_ps(); 2]; R];
+        // Chain 0 takes the even keys, chain 1 the odd ones, each in key order.
+        for chain in 0..2 {
+            let mut ch = [[_mm512_setzero_ps(); GROUP]; R];
             for r in 0..R {
-                w[r] = [
-                    _mm512_set1_ps(scores[r * width + k]),
-                    _mm512_set1_ps(scores[r * width + k + 1]),
-                ];
+                let part = &acc[r * 2 * hd + chain * hd..][..hd];
+                for c in 0..g {
+                    ch[r][c] = load_chunk(part, c0 + c);
+                }
             }
-            for c in 0..GROUP {
+            let mut k = k0 + chain;
+            while k < k1 {
+                if c0 == 0 && chain == 0 {
+                    // The odd chain reads key k + 1 right after this pass.
+                    keys.prefetch_ahead(k);
+                    keys.prefetch_ahead(k + 1);
+                }
+                let r0 = row(k);
                 // SAFETY: see `row`; `off[c]` is inside the row and the mask covers lanes < hd.
-                let (v0, v1) =
-                    unsafe { (ld(mask[c], r0.add(off[c])), ld(mask[c], r1.add(off[c]))) };
+                let v: [__m512; GROUP] =
+                    std::array::from_fn(|c| unsafe { ld(mask[c], r0.add(off[c])) });
                 for r in 0..R {
-                    ch[r][0][c] = _mm512_fmadd_ps(w[r][0], v0, ch[r][0][c]);
-                    ch[r][1][c] = _mm512_fmadd_ps(w[r][1], v1, ch[r][1][c]);
+                    let w = _mm512_set1_ps(weight(r, k));
+                    for c in 0..GROUP {
+                        ch[r][c] = _mm512_fmadd_ps(w, v[c], ch[r][c]);
+                    }
                 }
+                k += 2;
             }
-            k += 2;
-        }
-        if k < k1 {
-            // An odd last key: k is even (k0 is), so the even chains.
-            let r0 = row(k);
-            for c in 0..GROUP {
-                // SAFETY: as above.
-                let v = unsafe { ld(mask[c], r0.add(off[c])) };
-                for r in 0..R {
-                    let w = _mm512_set1_ps(scores[r * width + k]);
-                    ch[r][0][c] = _mm512_fmadd_ps(w, v, ch[r][0][c]);
-                }
-            }
-        }
-        for r in 0..R {
-            let (even, odd) = acc[r * 2 * hd..(r + 1) * 2 * hd].split_at_mut(hd);
-            for c in 0..g {
-                let o = (c0 + c) * LANES;
-                // SAFETY: masked to the lanes inside the two halves of this row's chains.
-                unsafe {
-                    _mm512_mask_storeu_ps(even.as_mut_ptr().add(o), mask[c], ch[r][0][c]);
-                    _mm512_mask_storeu_ps(odd.as_mut_ptr().add(o), mask[c], ch[r][1][c]);
+            for r in 0..R {
+                let part = &mut acc[r * 2 * hd + chain * hd..][..hd];
+                for c in 0..g {
+                    let o = (c0 + c) * LANES;
+                    // SAFETY: masked to the lanes inside this row's chain.
+                    unsafe { _mm512_mask_storeu_ps(part.as_mut_ptr().add(o), mask[c], ch[r][c]) };
                 }
             }
         }
