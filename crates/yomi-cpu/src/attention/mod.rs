@@ -322,8 +322,8 @@ thread_local! {
 /// Committed values per block that a task's query rows take turns over (one block stays in L1
 /// while every query row of the task passes: 64 rows of 64 values are 8 KiB in f16, 16 KiB in
 /// f32). Each block reloads and stores the rows' accumulators once per chain; 64 rather than
-/// 32 halves that (`attn_bench`, Zen 4, one thread, 600 keys: T = 8 −2 to −4 %, T = 16 −4 to −11 %,
-/// bench/RESULTS.md, twenty-sixth session). The bits do not depend on it.
+/// 32 halves that (`attn_bench`, Zen 4, one thread, 600 keys: T = 8 −2 to −4 %, T = 16 −4 to
+/// −11 %, bench/RESULTS.md, twenty-sixth session). The bits do not depend on it.
 const VALUE_BLOCK: usize = 64;
 /// Query rows per task at most.
 const MAX_QUERIES: usize = 8;
