@@ -18,24 +18,16 @@ use std::time::Instant;
 use yomi_cpu::pool;
 use yomi_cpu::quant::{Kernel, PackedQuant, QuantData, QuantType, linear_packed_many_with};
 
+#[path = "common/lcg.rs"]
+mod common;
+use common::lcg;
+
 const TS: [usize; 5] = [1, 2, 4, 8, 16];
 const LAYERS: usize = 30;
 const HIDDEN: usize = 576;
 const KV: usize = 192;
 const FFN: usize = 1536;
 const VOCAB: usize = 49152;
-
-fn lcg(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        })
-        .collect()
-}
 
 fn packed(ty: QuantType, rows: usize, cols: usize, seed: u64) -> PackedQuant {
     let q = QuantData::quantize(ty, rows, cols, &lcg(seed, rows * cols));

@@ -29,20 +29,12 @@ use yomi_cpu::quant::{
     Kernel, PackedQuant, Precision, QuantData, QuantType, linear_packed_with, linear_quant_with,
 };
 
+#[path = "common/lcg.rs"]
+mod common;
+use common::lcg;
+
 const TS: [usize; 8] = [1, 2, 4, 8, 12, 16, 32, 256];
 const BATCH: Duration = Duration::from_millis(20);
-
-fn lcg(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        })
-        .collect()
-}
 
 /// Seconds this thread has run on a CPU (`clock_gettime(CLOCK_THREAD_CPUTIME_ID)`, exact to
 /// the nanosecond, unlike `/proc` statistics that only move at scheduler ticks), or `None`.
