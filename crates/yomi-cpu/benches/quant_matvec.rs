@@ -19,6 +19,10 @@ use std::time::{Duration, Instant};
 use yomi_cpu::linear::{Matrix, WeightData};
 use yomi_cpu::quant::{Isa, Kernel, Precision, QuantData, QuantType, linear_quant_with};
 
+#[path = "../examples/common/lcg.rs"]
+mod common;
+use common::lcg;
+
 const BIG: usize = 1 << 30;
 const MIN_TIME: Duration = Duration::from_millis(600);
 
@@ -73,15 +77,7 @@ fn memory_bandwidth(threads: usize) -> (f64, f64) {
 }
 
 fn make_matrix(ty: QuantType, rows: usize, cols: usize) -> Matrix {
-    let mut s = 0x9e37_79b9_7f4a_7c15u64;
-    let w: Vec<f32> = (0..rows * cols)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        })
-        .collect();
+    let w = lcg(0x9e37_79b9_7f4a_7c15, rows * cols);
     Matrix::new(
         rows,
         cols,

@@ -1,5 +1,5 @@
-//! Reproducible test data for the examples (a directory without `main.rs`, so cargo does not
-//! build it as an example of its own; each example includes it with `#[path]`).
+//! Reproducible test data for the examples and benches (a directory without `main.rs`, so cargo
+//! does not build it as an example of its own; each example or bench includes it with `#[path]`).
 
 /// `n` values evenly spread over [−0.5, 0.5) from a 64-bit LCG seeded with `seed`.
 pub fn lcg(seed: u64, n: usize) -> Vec<f32> {

@@ -5,8 +5,9 @@
 //! - [`weighted_part`]: `hd` in groups of 64 values (4 registers), even and odd keys in two
 //!   accumulator sets (8 independent FMA chains), continued from and stored back to memory so
 //!   that several query rows can take turns over one block of values while it is in L1.
-//! - [`weighted_rows`]: the same chains for up to three query rows at once over a block of
-//!   committed values, each value row loaded once for all of them (a lone row is load-bound).
+//! - [`weighted_rows`]: the same chains for up to four query rows at once over a block of
+//!   committed values, one chain at a time, each value row loaded once for all of them (a lone
+//!   row is load-bound).
 //!
 //! Shapes: q is `hd` f32, every key/value row `hd` cache elements (f32, or f16 widened as it
 //! is loaded); any hd (the last 16-lane chunk is masked).
