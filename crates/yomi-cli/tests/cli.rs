@@ -309,6 +309,177 @@ fn logits_writes_the_prefill_logits() {
     assert_eq!(st.tensor("logits").unwrap().shape(), &[4, 512]);
 }
 
+/// The float32 tensors of a safetensors file, by name (int64 ones converted).
+fn read_tensors(path: &Path) -> std::collections::HashMap<String, (Vec<usize>, Vec<f64>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(name, t)| {
+            let vals: Vec<f64> = match t.dtype() {
+                safetensors::Dtype::F32 => t
+                    .data()
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes(b.try_into().unwrap()) as f64)
+                    .collect(),
+                safetensors::Dtype::I64 => t
+                    .data()
+                    .chunks_exact(8)
+                    .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as f64)
+                    .collect(),
+                d => panic!("{name}: unexpected dtype {d:?}"),
+            };
+            (name, (t.shape().to_vec(), vals))
+        })
+        .collect()
+}
+
+fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+}
+
+fn ids_arg(ids: &[f64]) -> String {
+    ids.iter()
+        .map(|&x| (x as i64).to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `yomi logits --hidden-out` writes the residual stream of every row at every point with the
+/// fixtures' convention, and it equals transformers' `hidden_states.i` within 1e-4 (float32 on
+/// both sides, only the order of summation differs: measured ≤ 2.2e-5 on these fixtures; the
+/// logits' own bound in the fixture tests is 1e-4). K/V in f32 so nothing is rounded to f16.
+#[test]
+fn logits_hidden_out_equals_the_reference_hidden_states() {
+    for name in ["qwen35-tiny", "qwen35-realdims"] {
+        let dir = fixture(name);
+        let r = read_tensors(&dir.join("reference.safetensors"));
+        let prompt = &r["prompt_ids"].1;
+        let tmp = tempfile::tempdir().unwrap();
+        let (out, hid) = (tmp.path().join("l.st"), tmp.path().join("h.st"));
+        let o = yomi(&[
+            "logits",
+            "--model",
+            dir.to_str().unwrap(),
+            "--kv-cache",
+            "f32",
+            "--tokens",
+            &ids_arg(prompt),
+            "--out",
+            out.to_str().unwrap(),
+            "--hidden-out",
+            hid.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let h = read_tensors(&hid);
+        let layers = h.len() - 1;
+        assert!(layers >= 3, "{name}: {} hidden states", h.len());
+        for i in 0..=layers {
+            let key = format!("hidden_states.{i}");
+            let (shape, got) = &h[&key];
+            let (want_shape, want) = &r[&key];
+            assert_eq!(shape, want_shape, "{name} {key}");
+            let e = max_abs_diff(got, want);
+            eprintln!("{name} {key}: max |Δ| {e:.2e}");
+            assert!(e < 1e-4, "{name} {key} differs by {e}");
+        }
+        let e = max_abs_diff(&read_tensors(&out)["logits"].1, &r["prefill_logits"].1);
+        assert!(e < 1e-4, "{name} prefill logits differ by {e}");
+    }
+}
+
+/// A tree with several roots (siblings below the last token) through `yomi logits`: each row
+/// equals the last row of a plain run over the tokens and the path to that node, for logits
+/// and hidden states. Bound 1e-4: the tree pass and a plain chain sum in other orders
+/// (measured within 5e-5 on this fixture's per-path checks).
+#[test]
+fn logits_sibling_tree_equals_per_path_runs() {
+    let dir = fixture("qwen35-tiny");
+    let tmp = tempfile::tempdir().unwrap();
+    let prompt = [1u32, 40, 41, 42, 300, 7];
+    // Three siblings below the last token, two of them with children.
+    let parents = [-1i32, -1, 0, 2, -1, 1];
+    let toks = [50u32, 51, 52, 53, 54, 55];
+    let join = |x: &[String]| x.join(",");
+    let run = |tokens: &[u32], tree: Option<(&[i32], &[u32])>, tag: &str| {
+        let out = tmp.path().join(format!("{tag}.l"));
+        let hid = tmp.path().join(format!("{tag}.h"));
+        let mut args = vec![
+            "logits".to_string(),
+            "--model".into(),
+            dir.to_str().unwrap().into(),
+            "--kv-cache".into(),
+            "f32".into(),
+            "--tokens".into(),
+            join(&tokens.iter().map(|t| t.to_string()).collect::<Vec<_>>()),
+            "--out".into(),
+            out.to_str().unwrap().into(),
+            "--hidden-out".into(),
+            hid.to_str().unwrap().into(),
+        ];
+        if let Some((p, t)) = tree {
+            args.push("--tree-parents".into());
+            args.push(join(&p.iter().map(|x| x.to_string()).collect::<Vec<_>>()));
+            args.push("--tree-tokens".into());
+            args.push(join(&t.iter().map(|x| x.to_string()).collect::<Vec<_>>()));
+        }
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = yomi(&argv);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        (read_tensors(&out), read_tensors(&hid))
+    };
+    let (tl, th) = run(&prompt, Some((&parents, &toks)), "tree");
+    let (shape, tree_logits) = &tl["logits"];
+    assert_eq!(shape, &[parents.len(), 512]);
+    let points = th.len();
+    for (i, _) in parents.iter().enumerate() {
+        let mut path = vec![i];
+        while parents[*path.last().unwrap()] >= 0 {
+            path.push(parents[*path.last().unwrap()] as usize);
+        }
+        let mut seq = prompt.to_vec();
+        seq.extend(path.iter().rev().map(|&j| toks[j]));
+        let (pl, ph) = run(&seq, None, &format!("p{i}"));
+        let v = 512;
+        let last = &pl["logits"].1[(seq.len() - 1) * v..];
+        let e = max_abs_diff(&tree_logits[i * v..(i + 1) * v], last);
+        assert!(
+            e < 1e-4,
+            "row {i}: logits differ from its path's run by {e}"
+        );
+        for p in 0..points {
+            let key = format!("hidden_states.{p}");
+            let (s, th_p) = &th[&key];
+            let hs = s[1];
+            let want = &ph[&key].1[(seq.len() - 1) * hs..];
+            let e = max_abs_diff(&th_p[i * hs..(i + 1) * hs], want);
+            assert!(
+                e < 1e-4,
+                "row {i} {key}: differs from its path's run by {e}"
+            );
+        }
+    }
+    // Rows that hang from nothing are refused with one line.
+    let bad = yomi(&[
+        "logits",
+        "--model",
+        dir.to_str().unwrap(),
+        "--tokens",
+        "1,2",
+        "--tree-parents",
+        "-1,-1,5",
+        "--tree-tokens",
+        "3,4,5",
+        "--out",
+        tmp.path().join("x").to_str().unwrap(),
+    ]);
+    assert_clean_error(&bad, "does not come before it");
+}
+
 #[test]
 fn missing_path() {
     assert_clean_error(&run_on(Path::new("/nonexistent/model")), "does not exist");

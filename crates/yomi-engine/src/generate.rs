@@ -218,7 +218,7 @@ impl RowSampler {
     ) -> Result<()> {
         if self.ranked {
             let scale = self.sampler.params.logit_scale();
-            model.forward_top(st, tokens, tree, which, scale, &mut self.top)
+            model.forward_top(st, tokens, tree, which, scale, &mut self.top, None)
         } else {
             model.forward(st, tokens, tree, which, &mut self.logits)
         }

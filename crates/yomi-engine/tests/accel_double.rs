@@ -17,7 +17,7 @@ use yomi_engine::generate::{DraftMode, NoHooks};
 use yomi_engine::prefix_cache::{PrefixCache, PrefixCacheConfig};
 use yomi_engine::stats::StatsRecorder;
 use yomi_engine::{Engine, EngineOptions, GenerateParams, Generation};
-use yomi_models::{AccelState, Accelerator, LogitRows, Model, State};
+use yomi_models::{AccelState, Accelerator, HiddenTaps, LogitRows, Model, State};
 use yomi_spec::{DraftTree, Drafter};
 
 fn test_data(name: &str) -> PathBuf {
@@ -102,6 +102,7 @@ impl Accelerator for CpuDouble {
         tree: &TreeBatch,
         which: LogitRows,
         logits: &mut Vec<f32>,
+        taps: Option<&mut HiddenTaps>,
     ) -> Result<()> {
         let CpuState(s, last) = cpu_state(st);
         // A plain pass replaces what the device holds: no stale rows for `last_logits`.
@@ -123,7 +124,8 @@ impl Accelerator for CpuDouble {
             let mut p = self.prefill_passes.lock().expect("not poisoned");
             p.push((committed, tree.len()));
         }
-        self.model.forward(s, tokens, tree, which, logits)
+        self.model
+            .forward_with(s, tokens, tree, which, logits, taps)
     }
     fn supports_top(&self) -> bool {
         self.ranks
@@ -137,6 +139,7 @@ impl Accelerator for CpuDouble {
         which: LogitRows,
         scale: f32,
         top: &mut TopRows,
+        taps: Option<&mut HiddenTaps>,
     ) -> Result<()> {
         assert!(self.ranks, "forward_top on a double that does not rank");
         let CpuState(s, last) = cpu_state(st);
@@ -144,7 +147,8 @@ impl Accelerator for CpuDouble {
         if !tree.is_chain() {
             assert!(tree.len() <= self.max_rows, "a tree of {} rows", tree.len());
         }
-        self.model.forward(s, tokens, tree, which, last)?;
+        self.model
+            .forward_with(s, tokens, tree, which, last, taps)?;
         // What kernels/topk.cu computes, by its reference twin.
         let v = self.model.cfg.vocab_size;
         top.clear(v, scale);

@@ -12,7 +12,7 @@ use std::any::Any;
 use anyhow::{Result, bail};
 use yomi_core::{TopRows, TreeBatch};
 
-use crate::model::LogitRows;
+use crate::model::{HiddenTaps, LogitRows};
 
 /// A per-sequence state on the device. Implementations downcast it back to their own type.
 pub trait AccelState: Any + Send {
@@ -38,8 +38,9 @@ pub trait Accelerator: Send + Sync {
     fn new_state(&self, capacity: usize) -> Result<Box<dyn AccelState>>;
 
     /// Runs the rows from the committed state (`committed` tokens), leaving them pending, and
-    /// writes the logits of the rows `which` selects into `logits` ([rows, V]). The caller has
-    /// checked the tokens, the tree and the context size.
+    /// writes the logits of the rows `which` selects into `logits` ([rows, V]), and the
+    /// residual stream at `taps`' points (slots already sized by [`HiddenTaps::prepare`]). The
+    /// caller has checked the tokens, the tree and the context size.
     #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
@@ -49,6 +50,7 @@ pub trait Accelerator: Send + Sync {
         tree: &TreeBatch,
         which: LogitRows,
         logits: &mut Vec<f32>,
+        taps: Option<&mut HiddenTaps>,
     ) -> Result<()>;
 
     /// Whether [`Accelerator::forward_top`] is implemented. Without it (the default) the engine
@@ -59,7 +61,8 @@ pub trait Accelerator: Send + Sync {
 
     /// [`Accelerator::forward`] that returns, instead of the logits of the rows `which`
     /// selects, each row's best candidates of s = fl32(logit · `scale`) and its normaliser
-    /// (see `yomi_core::TopRow`: the host finishes sampling from them). The device keeps those
+    /// (see `yomi_core::TopRow`: the host finishes sampling from them), and `taps` as
+    /// [`Accelerator::forward`] fills them. The device keeps those
     /// rows' full logits until its next pass, for [`Accelerator::last_logits`].
     #[allow(clippy::too_many_arguments)]
     fn forward_top(
@@ -71,6 +74,7 @@ pub trait Accelerator: Send + Sync {
         _which: LogitRows,
         _scale: f32,
         _top: &mut TopRows,
+        _taps: Option<&mut HiddenTaps>,
     ) -> Result<()> {
         bail!("{} does not rank logits on the device", self.describe())
     }

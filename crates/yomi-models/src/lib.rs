@@ -15,5 +15,5 @@ pub mod state;
 pub use accel::{AccelState, Accelerator};
 pub use config::{Arch, LayerKind, ModelConfig};
 pub use kv_cache::{KvDtype, KvRows};
-pub use model::{LogitRows, Model, Trace};
+pub use model::{HiddenTaps, LogitRows, Model};
 pub use state::State;

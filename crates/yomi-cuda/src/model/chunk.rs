@@ -15,10 +15,10 @@ use std::sync::OnceLock;
 
 use anyhow::{Result, bail};
 use cudarc::driver::CudaSlice;
-use yomi_models::{LogitRows, ModelConfig};
+use yomi_models::{HiddenTaps, LogitRows, ModelConfig};
 
 use super::CudaModel;
-use super::forward::{PassInputs, Piece};
+use super::forward::{PassInputs, Piece, TapSink};
 use super::state::{CudaState, MAX_ROWS, RowBuffers, RowNeeds};
 use super::weights::{DevMixer, DevWeights, GateUp, Proj};
 use crate::device::CudaDevice;
@@ -104,6 +104,7 @@ impl CudaModel {
     /// (a multiple of MAX_ROWS, at most CHUNK_ROWS), the logits of `which` (Last or None) into
     /// `logits` (already sized by the caller; None: not copied back). Leaves the chain pending
     /// as consecutive sub-passes would.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn run_chunked(
         &self,
         st: &mut CudaState,
@@ -112,6 +113,7 @@ impl CudaModel {
         which: LogitRows,
         mut logits: Option<&mut Vec<f32>>,
         chunk_rows: usize,
+        mut taps: Option<&mut HiddenTaps>,
     ) -> Result<()> {
         let t = tokens.len();
         if chunk_rows == 0 || chunk_rows > CHUNK_ROWS || !chunk_rows.is_multiple_of(MAX_ROWS) {
@@ -129,7 +131,19 @@ impl CudaModel {
         let mut off = 0;
         while off < t {
             let n = (t - off).min(chunk_rows);
-            self.chunk_pass(st, committed, off, &tokens[off..off + n], t, which)?;
+            let mut sink = taps.as_deref_mut().map(|tp| TapSink {
+                taps: tp,
+                row0: off,
+            });
+            self.chunk_pass(
+                st,
+                committed,
+                off,
+                &tokens[off..off + n],
+                t,
+                which,
+                sink.as_mut(),
+            )?;
             let sub = super::forward::Sub {
                 committed,
                 off,
@@ -148,7 +162,9 @@ impl CudaModel {
     /// One chunk pass: `tokens` (at most CHUNK_ROWS) are rows off.. of a chain of `total` rows
     /// after `committed`; every layer over all of them, the mixers' cores per piece, and the
     /// LM head on the chain's last row when `which` is Last and it is in this chunk (into
-    /// logits row 0, where `download_logits` and the top-k ranking read it).
+    /// logits row 0, where `download_logits` and the top-k ranking read it). `taps` as in
+    /// [`CudaModel::run_layers`].
+    #[allow(clippy::too_many_arguments)]
     fn chunk_pass(
         &self,
         st: &mut CudaState,
@@ -157,6 +173,7 @@ impl CudaModel {
         tokens: &[u32],
         total: usize,
         which: LogitRows,
+        taps: Option<&mut TapSink<'_>>,
     ) -> Result<()> {
         let n = tokens.len();
         if n == 0 || n > CHUNK_ROWS {
@@ -195,7 +212,7 @@ impl CudaModel {
             anc: &ch.anc,
             chain: true,
         };
-        self.run_layers(layers, *capacity, &mut ch.act, &mut buf.piece, &inp)?;
+        self.run_layers(layers, *capacity, &mut ch.act, &mut buf.piece, &inp, taps)?;
         if which == LogitRows::Last && off + n == total {
             let h_sz = self.cfg.hidden_size;
             self.head(

@@ -14,7 +14,7 @@ use anyhow::{Result, bail};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaView};
 use yomi_core::{TopRows, TreeBatch};
-use yomi_models::LogitRows;
+use yomi_models::{HiddenTaps, LogitRows};
 
 use super::CudaModel;
 use super::state::{CudaState, DevLayerState, MAX_ROWS, PieceScratch, RowBuffers};
@@ -99,6 +99,35 @@ fn piece_rows(
     buf.slice(start..start + (p.n - 1) * stride + width)
 }
 
+/// Where a pass's hidden-state taps go: the host's [`HiddenTaps`] (slots sized for the whole
+/// pass) and the first row of the current sub-pass or chunk pass within it. Each tapped point
+/// is copied back as the layers reach it, so a tapped pass runs eagerly (no graph).
+pub(super) struct TapSink<'a> {
+    pub taps: &'a mut HiddenTaps,
+    pub row0: usize,
+}
+
+impl TapSink<'_> {
+    /// Copies the n rows of `h` ([n, H]) into point `point`'s slot, if it is tapped.
+    fn take(
+        &mut self,
+        dev: &crate::device::CudaDevice,
+        point: usize,
+        h: &CudaSlice<f32>,
+        n: usize,
+        h_sz: usize,
+    ) -> Result<()> {
+        let row0 = self.row0;
+        if let Some(slot) = self.taps.slot_mut(point) {
+            dev.download_into(
+                &h.slice(0..n * h_sz),
+                &mut slot[row0 * h_sz..(row0 + n) * h_sz],
+            )?;
+        }
+        Ok(())
+    }
+}
+
 fn which_code(w: LogitRows) -> u8 {
     match w {
         LogitRows::All => 0,
@@ -108,6 +137,7 @@ fn which_code(w: LogitRows) -> u8 {
 }
 
 impl CudaModel {
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn run_forward(
         &self,
         st: &mut CudaState,
@@ -116,14 +146,16 @@ impl CudaModel {
         tree: &TreeBatch,
         which: LogitRows,
         logits: &mut Vec<f32>,
+        taps: Option<&mut HiddenTaps>,
     ) -> Result<()> {
-        self.run_forward_opt(st, committed, tokens, tree, which, Some(logits))
+        self.run_forward_opt(st, committed, tokens, tree, which, Some(logits), taps)
     }
 
     /// [`CudaModel::run_forward`]; with `logits` None the LM head still runs for the rows
     /// `which` selects but nothing is copied back (benchmarks time the device's pass alone).
     /// A chain of more than MAX_ROWS rows with logits of its last row or none runs as chunk
     /// passes (`chunk.rs`) unless `YOMI_CUDA_CHUNK=0`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn run_forward_opt(
         &self,
         st: &mut CudaState,
@@ -132,9 +164,10 @@ impl CudaModel {
         tree: &TreeBatch,
         which: LogitRows,
         logits: Option<&mut Vec<f32>>,
+        taps: Option<&mut HiddenTaps>,
     ) -> Result<()> {
         let chunk_rows = super::chunk::chunk_enabled().then_some(super::chunk::CHUNK_ROWS);
-        self.forward_pass(st, committed, tokens, tree, which, logits, chunk_rows)
+        self.forward_pass(st, committed, tokens, tree, which, logits, chunk_rows, taps)
     }
 
     /// [`CudaModel::run_forward_opt`] with chunk passes of at most `chunk_rows` rows for long
@@ -149,6 +182,7 @@ impl CudaModel {
         which: LogitRows,
         mut logits: Option<&mut Vec<f32>>,
         chunk_rows: Option<usize>,
+        mut taps: Option<&mut HiddenTaps>,
     ) -> Result<()> {
         let t = tokens.len();
         let chain = tree.is_chain();
@@ -174,12 +208,15 @@ impl CudaModel {
         }
         // The logits buffer is about to change: nothing in it is the host's to fetch.
         st.logit_rows = 0;
+        if let Some(tp) = taps.as_deref_mut() {
+            tp.prepare(self.w.layers.len(), t, self.cfg.hidden_size)?;
+        }
         if let Some(k) = chunk_rows
             && chain
             && t > MAX_ROWS
             && which != LogitRows::All
         {
-            return self.run_chunked(st, committed, tokens, which, logits, k);
+            return self.run_chunked(st, committed, tokens, which, logits, k, taps);
         }
         let mut off = 0;
         while off < t {
@@ -191,10 +228,16 @@ impl CudaModel {
                 chain,
             };
             self.upload_inputs(st, sub, tokens, tree)?;
-            if t <= MAX_ROWS && self.graphs {
+            if let Some(tp) = taps.as_deref_mut() {
+                let mut sink = TapSink {
+                    taps: tp,
+                    row0: off,
+                };
+                self.device_pass(st, sub, t, which, Some(&mut sink))?;
+            } else if t <= MAX_ROWS && self.graphs {
                 self.graph_pass(st, sub, t, which)?;
             } else {
-                self.device_pass(st, sub, t, which)?;
+                self.device_pass(st, sub, t, which, None)?;
             }
             self.download_logits(st, sub, t, which, logits.as_deref_mut())?;
             st.pend_rows = n;
@@ -219,12 +262,13 @@ impl CudaModel {
         which: LogitRows,
         scale: f32,
         top: &mut TopRows,
+        taps: Option<&mut HiddenTaps>,
     ) -> Result<()> {
         let rows = which.count(tokens.len());
         if rows > MAX_ROWS {
             bail!("candidates for {rows} rows: one pass ranks at most {MAX_ROWS}");
         }
-        self.run_forward_opt(st, committed, tokens, tree, which, None)?;
+        self.run_forward_opt(st, committed, tokens, tree, which, None, taps)?;
         let v = self.cfg.vocab_size;
         top.clear(v, scale);
         if rows == 0 {
@@ -288,13 +332,13 @@ impl CudaModel {
         }
         if !st.seen.contains(&key) {
             st.seen.insert(key);
-            return self.device_pass(st, sub, total, which);
+            return self.device_pass(st, sub, total, which, None);
         }
         let stream = self.dev.stream().clone();
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| anyhow::anyhow!("CUDA graph capture: {e:?}"))?;
-        let ran = self.device_pass(st, sub, total, which);
+        let ran = self.device_pass(st, sub, total, which, None);
         let graph = stream.end_capture(CUgraphInstantiate_flags(0));
         ran?;
         let g = graph
@@ -382,14 +426,16 @@ impl CudaModel {
         Ok(())
     }
 
-    /// Everything of a sub-pass that runs on the device (no host transfer: capturable): its
-    /// rows as one piece, then the LM head on the rows `which` selects.
+    /// Everything of a sub-pass that runs on the device (no host transfer, so capturable,
+    /// unless `taps` copies hidden states back): its rows as one piece, then the LM head on the
+    /// rows `which` selects.
     fn device_pass(
         &self,
         st: &mut CudaState,
         sub: Sub,
         total: usize,
         which: LogitRows,
+        taps: Option<&mut TapSink<'_>>,
     ) -> Result<()> {
         let n = sub.n;
         let pieces = [Piece {
@@ -414,7 +460,7 @@ impl CudaModel {
             anc: &buf.anc,
             chain: sub.chain,
         };
-        self.run_layers(layers, *capacity, &mut buf.act, &mut buf.piece, &inp)?;
+        self.run_layers(layers, *capacity, &mut buf.act, &mut buf.piece, &inp, taps)?;
         // Final norm and LM head on the rows whose logits are wanted.
         let (r0, k) = match which {
             LogitRows::All => (0, n),
@@ -433,7 +479,9 @@ impl CudaModel {
     /// The embedding and every layer over the `inp.rows` rows of a pass, into `act.h` (the
     /// residual stream after the last layer, before the final norm). Projections, MLP and
     /// norms run over all rows at once; the mixers' cores piece by piece, in order (each piece
-    /// sees the K/V rows and the GDN state of the ones before it). No host transfer.
+    /// sees the K/V rows and the GDN state of the ones before it). No host transfer, unless
+    /// `taps` copies the residual stream back at its points (the last one, the final norm's
+    /// output, is normed into `act.x` for it).
     pub(super) fn run_layers(
         &self,
         layers: &mut [DevLayerState],
@@ -441,6 +489,7 @@ impl CudaModel {
         act: &mut RowBuffers,
         scr: &mut PieceScratch,
         inp: &PassInputs<'_>,
+        mut taps: Option<&mut TapSink<'_>>,
     ) -> Result<()> {
         let cfg = &self.cfg;
         let dev = &*self.dev;
@@ -460,6 +509,9 @@ impl CudaModel {
             &inp.ids.slice(0..n),
             &mut act.h.slice_mut(0..n * h_sz),
         )?;
+        if let Some(tp) = taps.as_deref_mut() {
+            tp.take(dev, 0, &act.h, n, h_sz)?;
+        }
         if let Some(first) = w.layers.first() {
             dev.rms_norm(
                 &act.h.slice(0..n * h_sz),
@@ -523,6 +575,23 @@ impl CudaModel {
                     dev.add_inplace(&mut act.h.slice_mut(0..n * h_sz), &act.y.slice(0..n * h_sz))?
                 }
             }
+            // Point li + 1 is the stream entering the next layer; point L is the final norm's.
+            if let Some(tp) = taps.as_deref_mut()
+                && li + 1 < w.layers.len()
+            {
+                tp.take(dev, li + 1, &act.h, n, h_sz)?;
+            }
+        }
+        if let Some(tp) = taps
+            && tp.taps.get(w.layers.len()).is_some()
+        {
+            dev.rms_norm(
+                &act.h.slice(0..n * h_sz),
+                &w.final_norm,
+                eps,
+                &mut act.x.slice_mut(0..n * h_sz),
+            )?;
+            tp.take(dev, w.layers.len(), &act.x, n, h_sz)?;
         }
         Ok(())
     }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use anyhow::{Result, anyhow};
 use yomi_core::{TopRows, TreeBatch};
-use yomi_models::{AccelState, Accelerator, LogitRows, Model, ModelConfig};
+use yomi_models::{AccelState, Accelerator, HiddenTaps, LogitRows, Model, ModelConfig};
 
 use crate::device::CudaDevice;
 pub use chunk::CHUNK_ROWS;
@@ -72,7 +72,7 @@ impl CudaModel {
         tokens: &[u32],
         tree: &TreeBatch,
     ) -> Result<()> {
-        self.run_forward_opt(st, committed, tokens, tree, LogitRows::All, None)?;
+        self.run_forward_opt(st, committed, tokens, tree, LogitRows::All, None, None)?;
         self.dev.synchronize()?;
         Ok(())
     }
@@ -85,7 +85,7 @@ impl CudaModel {
         tokens: &[u32],
     ) -> Result<()> {
         let tree = TreeBatch::chain(tokens.len());
-        self.run_forward_opt(st, committed, tokens, &tree, LogitRows::None, None)?;
+        self.run_forward_opt(st, committed, tokens, &tree, LogitRows::None, None, None)?;
         let all: Vec<usize> = (0..tokens.len()).collect();
         self.run_commit(st, committed, &tree, &all)
     }
@@ -126,6 +126,7 @@ impl CudaModel {
             which,
             Some(logits),
             chunk_rows,
+            None,
         )
     }
 
@@ -198,9 +199,10 @@ impl Accelerator for CudaModel {
         tree: &TreeBatch,
         which: LogitRows,
         logits: &mut Vec<f32>,
+        taps: Option<&mut HiddenTaps>,
     ) -> Result<()> {
         let st = self.state(st)?;
-        self.run_forward(st, committed, tokens, tree, which, logits)
+        self.run_forward(st, committed, tokens, tree, which, logits, taps)
     }
 
     fn supports_top(&self) -> bool {
@@ -216,9 +218,10 @@ impl Accelerator for CudaModel {
         which: LogitRows,
         scale: f32,
         top: &mut TopRows,
+        taps: Option<&mut HiddenTaps>,
     ) -> Result<()> {
         let st = self.state(st)?;
-        self.run_forward_top(st, committed, tokens, tree, which, scale, top)
+        self.run_forward_top(st, committed, tokens, tree, which, scale, top, taps)
     }
 
     fn last_logits(&self, st: &mut dyn AccelState, row: usize, out: &mut Vec<f32>) -> Result<()> {

@@ -39,11 +39,68 @@ impl LogitRows {
     }
 }
 
-/// Optional capture of the residual stream: `hidden[i]` enters layer i, `hidden[L]` is the
-/// final-norm output, each [T, H].
-#[derive(Default, Debug)]
-pub struct Trace {
+/// The residual stream of a pass at chosen points, for drafters that read the target's hidden
+/// states (DFlash, EAGLE-3, MTP) and for checks against references. Point i < L is the stream
+/// entering layer i (point 0: the embeddings), point L the final norm's output (L = number of
+/// layers): the convention of Hugging Face's `output_hidden_states` and of the fixtures'
+/// `hidden_states.i`. A pass fills `hidden[j]` with [T, H] for `points[j]`, every row of the
+/// pass in its order; every backend fills them alike.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HiddenTaps {
+    points: Vec<usize>,
+    /// [T, H] per point, in `points` order (filled by the pass).
     pub hidden: Vec<Vec<f32>>,
+}
+
+impl HiddenTaps {
+    /// Taps at `points` (any order, duplicates dropped; kept sorted).
+    pub fn new(points: impl IntoIterator<Item = usize>) -> Self {
+        let mut points: Vec<usize> = points.into_iter().collect();
+        points.sort_unstable();
+        points.dedup();
+        HiddenTaps {
+            hidden: vec![Vec::new(); points.len()],
+            points,
+        }
+    }
+
+    /// Every point of a model of `num_layers` layers: 0 ..= L.
+    pub fn all(num_layers: usize) -> Self {
+        Self::new(0..=num_layers)
+    }
+
+    /// The tapped points, ascending.
+    pub fn points(&self) -> &[usize] {
+        &self.points
+    }
+
+    /// The captured rows of `point` ([T, H]), if it is tapped.
+    pub fn get(&self, point: usize) -> Option<&[f32]> {
+        let j = self.points.binary_search(&point).ok()?;
+        Some(&self.hidden[j])
+    }
+
+    /// Where point `point`'s rows go, if it is tapped.
+    pub fn slot_mut(&mut self, point: usize) -> Option<&mut Vec<f32>> {
+        let j = self.points.binary_search(&point).ok()?;
+        Some(&mut self.hidden[j])
+    }
+
+    /// Checks the points against a model of `num_layers` layers and sizes every slot for
+    /// `rows` rows of width `hidden` (a backend calls this before its pass).
+    pub fn prepare(&mut self, num_layers: usize, rows: usize, hidden: usize) -> Result<()> {
+        if let Some(&p) = self.points.last()
+            && p > num_layers
+        {
+            bail!("hidden-state tap {p}: the model has points 0..={num_layers}");
+        }
+        self.hidden.resize(self.points.len(), Vec::new());
+        for h in &mut self.hidden {
+            h.clear();
+            h.resize(rows * hidden, 0.0);
+        }
+        Ok(())
+    }
 }
 
 /// Per-pass scratch buffers, reused across passes (no allocation once grown).
@@ -94,27 +151,29 @@ impl Model {
         which: LogitRows,
         logits: &mut Vec<f32>,
     ) -> Result<()> {
-        self.forward_traced(st, tokens, tree, which, logits, None)
+        self.forward_with(st, tokens, tree, which, logits, None)
     }
 
-    pub fn forward_traced(
+    /// [`Model::forward`] that also captures the residual stream at `taps`' points (see
+    /// [`HiddenTaps`]), on whichever backend runs the model.
+    pub fn forward_with(
         &self,
         st: &mut State,
         tokens: &[u32],
         tree: &TreeBatch,
         which: LogitRows,
         logits: &mut Vec<f32>,
-        mut trace: Option<&mut Trace>,
+        mut taps: Option<&mut HiddenTaps>,
     ) -> Result<()> {
         self.check_pass(st, tokens, tree)?;
         let cfg = &self.cfg;
         let t = tokens.len();
+        if let Some(tp) = taps.as_deref_mut() {
+            tp.prepare(self.layers.len(), t, cfg.hidden_size)?;
+        }
         if let Some(acc) = &self.accel {
-            if trace.is_some() {
-                bail!("tracing hidden states runs on the CPU only (use --device cpu)");
-            }
             return self.accel_pass(acc.as_ref(), st, tokens, tree, |acc, ds, committed| {
-                acc.forward(ds, committed, tokens, tree, which, logits)
+                acc.forward(ds, committed, tokens, tree, which, logits, taps)
             });
         }
         if self.host_matrices_released {
@@ -146,13 +205,22 @@ impl Model {
         // The residual steps and RMSNorms run inside the next linears' loops, each thread on
         // the rows it quantizes (`linear_many_add_norm`): the mixer's output `y` is added to
         // `h` by the gate/up projections, and the MLP's output `z` by the next layer's first
-        // projections (so it stays pending across the layer boundary). A trace reads `h` at
-        // every layer's start, so there the MLP's output is added at once.
+        // projections (so it stays pending across the layer boundary). A tapped layer's start
+        // adds it at once (the tap reads `h`).
         let eps = cfg.rms_norm_eps;
         let mut pending = false;
         for (li, layer) in self.layers.iter().enumerate() {
-            if let Some(tr) = trace.as_deref_mut() {
-                tr.hidden.push(sc.h[..t * h_sz].to_vec());
+            if let Some(slot) = taps.as_deref_mut().and_then(|tp| tp.slot_mut(li)) {
+                // A tap reads the whole stream entering the layer: add the MLP output still
+                // pending from the layer before (the same f32 sum the fused add would make).
+                let h = &mut sc.h[..t * h_sz];
+                if pending {
+                    for (hv, zv) in h.iter_mut().zip(sc.z[..t * h_sz].iter()) {
+                        *hv += zv;
+                    }
+                    pending = false;
+                }
+                slot.copy_from_slice(h);
             }
             let Scratch {
                 h,
@@ -208,12 +276,7 @@ impl Model {
             );
             // SwiGLU runs inside the down projection's loop (see `linear_swiglu`).
             linear_swiglu(g, u, t, &layer.mlp.down, None, z);
-            pending = trace.is_none();
-            if !pending {
-                for (hv, zv) in h.iter_mut().zip(z.iter()) {
-                    *hv += zv;
-                }
-            }
+            pending = true;
         }
         if pending {
             let h = &mut sc.h[..t * h_sz];
@@ -227,8 +290,12 @@ impl Model {
             LogitRows::Last => (t - 1, 1),
             LogitRows::None => (t, 0),
         };
-        let need_all = trace.is_some();
-        let (r0, rn) = if need_all { (0, t) } else { (first, n) };
+        let final_tap = taps.and_then(|tp| tp.slot_mut(self.layers.len()));
+        let (r0, rn) = if final_tap.is_some() {
+            (0, t)
+        } else {
+            (first, n)
+        };
         let rows = sized(&mut sc.rows, rn * h_sz);
         rms_norm(
             &sc.h[r0 * h_sz..(r0 + rn) * h_sz],
@@ -236,8 +303,8 @@ impl Model {
             cfg.rms_norm_eps,
             rows,
         );
-        if let Some(tr) = trace {
-            tr.hidden.push(rows.to_vec());
+        if let Some(slot) = final_tap {
+            slot.copy_from_slice(rows);
         }
         let v = cfg.vocab_size;
         logits.resize(n * v, 0.0);
@@ -261,8 +328,8 @@ impl Model {
 
     /// [`Model::forward`] on an accelerator that ranks logits on its device: `top` receives, for
     /// the rows `which` selects, each row's best candidates of fl32(logit · `scale`) and its
-    /// normaliser instead of the logits (see [`Accelerator::forward_top`]). Errors when
-    /// [`Model::ranks_on_device`] is false.
+    /// normaliser instead of the logits (see [`Accelerator::forward_top`]), and the residual
+    /// stream at `taps`' points. Errors when [`Model::ranks_on_device`] is false.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_top(
         &self,
@@ -272,14 +339,18 @@ impl Model {
         which: LogitRows,
         scale: f32,
         top: &mut TopRows,
+        mut taps: Option<&mut HiddenTaps>,
     ) -> Result<()> {
         let acc = match &self.accel {
             Some(a) if a.supports_top() => a,
             _ => bail!("this model does not rank logits on a device"),
         };
         self.check_pass(st, tokens, tree)?;
+        if let Some(tp) = taps.as_deref_mut() {
+            tp.prepare(self.layers.len(), tokens.len(), self.cfg.hidden_size)?;
+        }
         self.accel_pass(acc.as_ref(), st, tokens, tree, |acc, ds, committed| {
-            acc.forward_top(ds, committed, tokens, tree, which, scale, top)
+            acc.forward_top(ds, committed, tokens, tree, which, scale, top, taps)
         })
     }
 

@@ -6,5 +6,5 @@ mod forward;
 mod weights;
 
 pub(crate) use forward::Scratch;
-pub use forward::{LogitRows, Trace};
+pub use forward::{HiddenTaps, LogitRows};
 pub use weights::{AttnWeights, GdnWeights, Layer, Mixer, Mlp, Model};

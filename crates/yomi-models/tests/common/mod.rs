@@ -152,21 +152,21 @@ pub fn check_reference(dir: &Path, tol: f32, chunks: &[usize]) {
     // One pass over the prompt, all rows, with the residual stream traced.
     let mut st = State::new(&m.cfg, 4096, yomi_models::KvDtype::F32);
     let mut logits = Vec::new();
-    let mut trace = yomi_models::Trace::default();
+    let mut taps = yomi_models::HiddenTaps::all(m.layers.len());
     let tree = TreeBatch::chain(prompt.len());
-    m.forward_traced(
+    m.forward_with(
         &mut st,
         &prompt,
         &tree,
         LogitRows::All,
         &mut logits,
-        Some(&mut trace),
+        Some(&mut taps),
     )
     .unwrap();
     let e = max_abs_diff(&logits, r.f("prefill_logits"));
     eprintln!("{}: prefill logits max abs diff {e:.2e}", dir.display());
     assert!(e < tol, "prefill logits differ by {e}");
-    for (i, hs) in trace.hidden.iter().enumerate() {
+    for (&i, hs) in taps.points().iter().zip(&taps.hidden) {
         let name = format!("hidden_states.{i}");
         if r.f32s.contains_key(&name) {
             let e = max_abs_diff(hs, r.f(&name));
