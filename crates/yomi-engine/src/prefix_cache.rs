@@ -169,17 +169,24 @@ pub struct SnapshotRecorder {
 
 impl GenerateHooks for SnapshotRecorder {
     fn prefill_chunk(&mut self, state: &State, last_logits: Option<&[f32]>) {
-        if state.is_accelerated() {
-            return;
-        }
         let len = state.committed();
         let at_interval = self.recurrent && len.is_multiple_of(self.interval);
         if !at_interval && last_logits.is_none() {
             return;
         }
+        let recurrent = if self.recurrent {
+            // A snapshot that cannot be copied (a device fault) only costs this checkpoint:
+            // the request itself goes on, and its next pass reports the fault.
+            match state.snapshot_recurrent() {
+                Ok(s) => Some(s),
+                Err(_) => return,
+            }
+        } else {
+            None
+        };
         self.checkpoints.push(Checkpoint {
             len,
-            recurrent: self.recurrent.then(|| state.snapshot_recurrent()),
+            recurrent,
             logits: last_logits.map(<[f32]>::to_vec),
         });
     }
@@ -297,22 +304,6 @@ impl PrefixCache {
         self.stats.lookups += 1;
         self.tick += 1;
         let recurrent = state.has_recurrent_layers();
-        if state.is_accelerated() {
-            // Device states are not cached yet (no host copies of their K/V or recurrent
-            // state), but the state's own committed prefix still serves a prompt that continues
-            // it (the next turn of a chat); the generate loop resumes from it.
-            let keep = state.pending().is_none()
-                && state.committed() > 0
-                && state.committed() < prompt.len()
-                && prompt.starts_with(state.tokens());
-            if !keep {
-                state.reset();
-            }
-            return Ok(Restored {
-                len: if keep { state.committed() } else { 0 },
-                logits: None,
-            });
-        }
         let Some(hit) = self.find(prompt, recurrent) else {
             state.reset();
             return Ok(Restored::default());
@@ -358,16 +349,20 @@ impl PrefixCache {
     /// recorder's snapshots and one at the state's end), then evicts down to the bound.
     pub fn insert(&mut self, state: &State, recorder: SnapshotRecorder) {
         let tokens = state.tokens();
-        if tokens.is_empty() || state.pending().is_some() || state.is_accelerated() {
+        if tokens.is_empty() || state.pending().is_some() {
             return;
         }
         self.tick += 1;
         let mut checkpoints = recorder.checkpoints;
         checkpoints.retain(|c| c.len <= tokens.len());
         if recorder.recurrent && checkpoints.last().is_none_or(|c| c.len != tokens.len()) {
+            // Not cached at all when the state cannot be copied (a device fault).
+            let Ok(snap) = state.snapshot_recurrent() else {
+                return;
+            };
             checkpoints.push(Checkpoint {
                 len: tokens.len(),
-                recurrent: Some(state.snapshot_recurrent()),
+                recurrent: Some(snap),
                 logits: None,
             });
         }
@@ -391,7 +386,13 @@ impl PrefixCache {
         }
         if let Some(i) = target {
             let e = &mut self.entries[i];
-            state.append_kv(&mut e.kv, tokens.len());
+            if state.append_kv(&mut e.kv, tokens.len()).is_err() {
+                // A half-extended entry must not serve anyone.
+                let old = self.entries.swap_remove(i);
+                self.bytes -= old.bytes;
+                self.stats.evictions += 1;
+                return;
+            }
             e.tokens.clear();
             e.tokens.extend_from_slice(tokens);
         } else {
@@ -406,7 +407,9 @@ impl PrefixCache {
             }
             None => {
                 let mut kv = KvPrefix::default();
-                state.append_kv(&mut kv, tokens.len());
+                if state.append_kv(&mut kv, tokens.len()).is_err() {
+                    return;
+                }
                 self.entries.push(Entry {
                     tokens: tokens.to_vec(),
                     kv,

@@ -17,6 +17,7 @@ use yomi_engine::generate::{DraftMode, NoHooks};
 use yomi_engine::prefix_cache::{PrefixCache, PrefixCacheConfig};
 use yomi_engine::stats::StatsRecorder;
 use yomi_engine::{Engine, EngineOptions, GenerateParams, Generation};
+use yomi_models::state::{KvPrefix, RecurrentSnapshot};
 use yomi_models::{AccelState, Accelerator, HiddenTaps, LogitRows, Model, State};
 use yomi_spec::{DraftTree, Drafter};
 
@@ -27,12 +28,18 @@ fn test_data(name: &str) -> PathBuf {
 }
 
 fn engine() -> Engine {
+    engine_at(&test_data("llama-tiny"))
+}
+
+/// The engine of the model at `path` (context 1024, one thread, f32 K/V: the double's device
+/// states hold f32 K/V like a GPU's), eos ignored so every run is max_tokens long.
+fn engine_at(path: &std::path::Path) -> Engine {
     let opts = EngineOptions {
         context_size: Some(1024),
         threads: Some(1),
-        ..Default::default()
+        kv_cache: Some(yomi_models::KvDtype::F32),
     };
-    let mut e = Engine::load(&test_data("llama-tiny"), &opts, &mut |_, _| {}).expect("load");
+    let mut e = Engine::load(path, &opts, &mut |_, _| {}).expect("load");
     e.eos_token_ids.clear();
     e
 }
@@ -66,6 +73,13 @@ struct CpuDouble {
     /// (committed, rows) of every chain pass of more than one row without every row's logits
     /// (the prefill passes).
     prefill_passes: std::sync::Mutex<Vec<(usize, usize)>>,
+}
+
+fn state_ref(st: &dyn AccelState) -> &State {
+    &st.as_any()
+        .downcast_ref::<CpuState>()
+        .expect("a CpuState")
+        .0
 }
 
 fn state(st: &mut dyn AccelState) -> &mut State {
@@ -187,6 +201,59 @@ impl Accelerator for CpuDouble {
         self.resets.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
+    fn supports_prefix_copies(&self) -> bool {
+        true
+    }
+    fn read_recurrent(&self, st: &dyn AccelState, out: &mut Vec<f32>) -> Result<()> {
+        out.extend_from_slice(state_ref(st).snapshot_recurrent()?.values());
+        Ok(())
+    }
+    fn read_kv_rows(
+        &self,
+        st: &dyn AccelState,
+        rows: std::ops::Range<usize>,
+        k: &mut [Vec<Vec<f32>>],
+        v: &mut [Vec<Vec<f32>>],
+    ) -> Result<()> {
+        let mut p = KvPrefix::default();
+        state_ref(st).append_kv(&mut p, rows.end)?;
+        let (pk, pv) = p.to_f32();
+        let hd = self.model.cfg.head_dim;
+        for (dst, src) in k.iter_mut().zip(&pk).chain(v.iter_mut().zip(&pv)) {
+            anyhow::ensure!(dst.len() == src.len(), "KV heads differ");
+            for (d, s) in dst.iter_mut().zip(src) {
+                d.extend_from_slice(&s[rows.start * hd..]);
+            }
+        }
+        Ok(())
+    }
+    fn write_prefix(
+        &self,
+        st: &mut dyn AccelState,
+        rows: std::ops::Range<usize>,
+        k: &[Vec<&[f32]>],
+        v: &[Vec<&[f32]>],
+        recurrent: Option<&[f32]>,
+    ) -> Result<()> {
+        let s = state(st);
+        let n = rows.end;
+        let snap = recurrent.map(|r| RecurrentSnapshot::from_values(n, r.to_vec()));
+        if rows.is_empty() {
+            // Every row is in place: only the recurrent state is new.
+            let tokens = s.tokens()[..n].to_vec();
+            return s.load_prefix(&tokens, &KvPrefix::default(), snap.as_ref());
+        }
+        // The host contract copies rows past the common prefix of the token lists: tokens
+        // that match nothing make it copy all n rows, which the slices hold.
+        let hd = self.model.cfg.head_dim;
+        let rows_of = |x: &[Vec<&[f32]>]| -> Vec<Vec<Vec<f32>>> {
+            x.iter()
+                .map(|l| l.iter().map(|r| r[..n * hd].to_vec()).collect())
+                .collect()
+        };
+        let kv = KvPrefix::from_f32(n, rows_of(k), rows_of(v));
+        s.load_prefix(&vec![u32::MAX; n], &kv, snap.as_ref())
+    }
 }
 
 /// An engine whose model runs through the double (limit `max_rows` tree rows), and the double.
@@ -205,9 +272,19 @@ fn accelerated_full(
     ranks: bool,
     prefill: Option<usize>,
 ) -> (Engine, Arc<CpuDouble>) {
-    let mut e = engine();
+    accelerated_at(&test_data("llama-tiny"), max_rows, ranks, prefill)
+}
+
+/// [`accelerated_full`] for the model at `path`.
+fn accelerated_at(
+    path: &std::path::Path,
+    max_rows: usize,
+    ranks: bool,
+    prefill: Option<usize>,
+) -> (Engine, Arc<CpuDouble>) {
+    let mut e = engine_at(path);
     let double = Arc::new(CpuDouble {
-        model: engine().model,
+        model: engine_at(path).model,
         max_rows,
         resets: AtomicUsize::new(0),
         widest_tree: AtomicUsize::new(0),
@@ -376,8 +453,10 @@ fn a_reset_reaches_the_device_state_and_the_cpu_path_is_refused() {
         logits, first,
         "the pass after a reset starts from an empty sequence"
     );
-    // Prefix-cache operations that need host copies are refused, not silently wrong.
-    assert!(st.truncate(1).is_err());
+    // A device state is cut back like a host one (its K/V rows past the length are ignored).
+    m.commit(&mut st, &[0, 1, 2]).unwrap();
+    st.truncate(1).expect("truncate attention rows");
+    assert_eq!(st.committed(), 1);
     // Without the accelerator, the released host matrices make the CPU path an error.
     let mut bare = engine().model;
     bare.release_host_matrices();
@@ -486,4 +565,86 @@ fn sampling_from_device_candidates_equals_the_cpu_engine() {
             }
         }
     }
+}
+
+/// The prefix cache on a device state (snapshots and K/V rows copied out through the
+/// accelerator, resumed by copying them back in) gives what a cold run gives, greedy and
+/// seeded, on a plain transformer and on a hybrid with Gated DeltaNet layers: requests that
+/// share a prompt, one that continues an earlier request's output (a chat turn), one that
+/// shares only a prefix, and an unrelated one. The double's device states are CPU states, so
+/// cold and resumed runs compare token for token; CUDA runs the same test on the GPU
+/// (`crates/yomi-cuda/tests/gpu_model.rs`).
+#[test]
+fn the_prefix_cache_on_a_device_state_gives_the_cold_output() {
+    let tiny =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/qwen35-tiny");
+    for path in [test_data("llama-tiny"), tiny] {
+        let cpu = engine_at(&path);
+        // Prefill passes of 64 rows, so the 300-token prompts take several chunks and the
+        // hybrid snapshots mid-prompt.
+        let (acc, _) = accelerated_at(&path, 8, false, Some(64));
+        let base: Vec<u32> = (0..300).map(|i| ((i * 37 + 11) % 500 + 5) as u32).collect();
+        let seeded = SamplerParams {
+            temperature: 0.7,
+            top_p: 0.9,
+            seed: 5,
+            ..Default::default()
+        };
+        for sampler in [SamplerParams::greedy(), seeded] {
+            let p = GenerateParams {
+                max_tokens: 40,
+                ..params(DraftMode::Suffix, sampler.clone())
+            };
+            let mut cache = PrefixCache::new(PrefixCacheConfig {
+                snapshot_interval: 64,
+                ..Default::default()
+            });
+            let mut st = acc.new_state();
+            let first = run_cached(&acc, &mut cache, &mut st, &base, &p);
+            let mut turn = base.clone();
+            turn.extend_from_slice(&first.output_ids);
+            turn.extend_from_slice(&[7, 8, 9]);
+            let mut shared = base[..200].to_vec();
+            shared.extend_from_slice(&[9, 10, 11, 12]);
+            let other: Vec<u32> = (0..90).map(|i| ((i * 13 + 1) % 500 + 5) as u32).collect();
+            let mut hits = 0;
+            for ids in [&base, &turn, &shared, &other, &base] {
+                let got = run_cached(&acc, &mut cache, &mut st, ids, &p);
+                hits += usize::from(got.cached_tokens > 0);
+                let cold = run(&cpu, ids, &p);
+                assert_eq!(
+                    got.output_ids,
+                    cold.output_ids,
+                    "{} {sampler:?}: {} cached tokens",
+                    path.display(),
+                    got.cached_tokens
+                );
+            }
+            assert!(
+                hits >= 3,
+                "{}: only {hits} requests resumed",
+                path.display()
+            );
+        }
+    }
+}
+
+fn run_cached(
+    e: &Engine,
+    cache: &mut PrefixCache,
+    st: &mut State,
+    ids: &[u32],
+    p: &GenerateParams,
+) -> Generation {
+    e.generate_cached(
+        Some(cache),
+        st,
+        ids,
+        p,
+        None,
+        StatsRecorder::start(),
+        &mut NoHooks,
+        &mut |_| true,
+    )
+    .expect("generate")
 }

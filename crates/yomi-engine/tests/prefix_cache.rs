@@ -280,10 +280,10 @@ fn state_truncate_and_load_prefix_contract() {
             .expect("generate");
         let n = st.committed();
         assert!(n >= prompt.len());
-        let snap = st.snapshot_recurrent();
+        let snap = st.snapshot_recurrent().expect("snapshot");
         assert_eq!(snap.len(), n);
         let mut kv = yomi_models::state::KvPrefix::default();
-        st.append_kv(&mut kv, n);
+        st.append_kv(&mut kv, n).expect("copy K/V");
         assert_eq!(kv.rows(), n);
         assert_eq!(kv.size_bytes(), n * st.kv_bytes_per_token());
         let tokens = st.tokens().to_vec();
@@ -295,7 +295,7 @@ fn state_truncate_and_load_prefix_contract() {
             assert!(st.load_prefix(&tokens[..10], &kv, None).is_err());
             st.reset();
             st.load_prefix(&tokens, &kv, Some(&snap)).expect("restore");
-            assert_eq!(st.snapshot_recurrent(), snap, "{name}");
+            assert_eq!(st.snapshot_recurrent().expect("snapshot"), snap, "{name}");
         } else {
             st.truncate(10).expect("truncate attention");
             assert_eq!(st.committed(), 10);
@@ -304,7 +304,7 @@ fn state_truncate_and_load_prefix_contract() {
             st.load_prefix(&tokens[..30], &kv, None).expect("restore");
             assert_eq!(st.committed(), 30);
             let mut kv2 = yomi_models::state::KvPrefix::default();
-            st.append_kv(&mut kv2, 30);
+            st.append_kv(&mut kv2, 30).expect("copy K/V");
             let mut kv30 = kv.clone();
             kv30.truncate(30);
             assert_eq!(kv2, kv30, "{name}: restored K/V rows differ");

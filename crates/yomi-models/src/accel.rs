@@ -8,6 +8,7 @@
 //! DESIGN §4 contract reads the same on every backend.
 
 use std::any::Any;
+use std::ops::Range;
 
 use anyhow::{Result, bail};
 use yomi_core::{TopRows, TreeBatch};
@@ -101,4 +102,44 @@ pub trait Accelerator: Send + Sync {
 
     /// Zeroes the recurrent and conv states (the sequence starts again).
     fn reset(&self, st: &mut dyn AccelState) -> Result<()>;
+
+    /// Whether the committed prefix can be copied out ([`Accelerator::read_recurrent`],
+    /// [`Accelerator::read_kv_rows`]) and back in ([`Accelerator::write_prefix`]): what the
+    /// engine's prefix cache needs. The copies use the host state's layouts, so a cache entry
+    /// reads the same whichever backend made it.
+    fn supports_prefix_copies(&self) -> bool {
+        false
+    }
+
+    /// Appends the committed recurrent state to `out`: per Gated DeltaNet layer, in layer
+    /// order, S [Hv, dk, dv] and then the conv window [K−1, conv_dim] (oldest row first).
+    fn read_recurrent(&self, _st: &dyn AccelState, _out: &mut Vec<f32>) -> Result<()> {
+        bail!("{} cannot copy its recurrent state out", self.describe())
+    }
+
+    /// Appends the committed attention rows `rows` to `k[a][h]` and `v[a][h]` (attention layer
+    /// a in layer order, KV head h), [rows, head_dim] f32 each.
+    fn read_kv_rows(
+        &self,
+        _st: &dyn AccelState,
+        _rows: Range<usize>,
+        _k: &mut [Vec<Vec<f32>>],
+        _v: &mut [Vec<Vec<f32>>],
+    ) -> Result<()> {
+        bail!("{} cannot copy its K/V rows out", self.describe())
+    }
+
+    /// Writes attention rows `rows` from `k[a][h]` / `v[a][h]` (row r at r·head_dim, so the
+    /// slices hold at least `rows.end` rows) and, when given, the recurrent state in
+    /// [`Accelerator::read_recurrent`]'s layout. Nothing is pending afterwards.
+    fn write_prefix(
+        &self,
+        _st: &mut dyn AccelState,
+        _rows: Range<usize>,
+        _k: &[Vec<&[f32]>],
+        _v: &[Vec<&[f32]>],
+        _recurrent: Option<&[f32]>,
+    ) -> Result<()> {
+        bail!("{} cannot resume a state from copies", self.describe())
+    }
 }

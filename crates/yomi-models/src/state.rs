@@ -153,7 +153,21 @@ impl RecurrentSnapshot {
     pub fn size_bytes(&self) -> usize {
         self.data.len() * std::mem::size_of::<f32>()
     }
+
+    /// The values: per GDN layer S, then the conv window ([`crate::Accelerator::read_recurrent`]'s
+    /// layout).
+    pub fn values(&self) -> &[f32] {
+        &self.data
+    }
+
+    /// A snapshot at committed length `len` from values in [`RecurrentSnapshot::values`]' layout.
+    pub fn from_values(len: usize, data: Vec<f32>) -> Self {
+        RecurrentSnapshot { len, data }
+    }
 }
+
+/// f32 rows per attention layer and KV head: `x[a][h]` is [rows, head_dim].
+pub type HeadRows = Vec<Vec<Vec<f32>>>;
 
 /// Committed attention K/V rows of a prefix, per attention layer and KV head ([rows, hd]
 /// each), as copied out of a [`State`]. Attention K/V is prefix-shareable: the first n rows
@@ -187,6 +201,31 @@ impl KvPrefix {
         self.k.first().and_then(|l| l.first()).map(KvRows::dtype)
     }
 
+    /// A prefix of `rows` f32 rows from `k[a][h]` / `v[a][h]` ([rows, head_dim] per attention
+    /// layer a and KV head h).
+    pub fn from_f32(rows: usize, k: HeadRows, v: HeadRows) -> Self {
+        let wrap = |x: Vec<Vec<Vec<f32>>>| -> Vec<Vec<KvRows>> {
+            x.into_iter()
+                .map(|l| l.into_iter().map(KvRows::F32).collect())
+                .collect()
+        };
+        KvPrefix {
+            rows,
+            k: wrap(k),
+            v: wrap(v),
+        }
+    }
+
+    /// The rows as f32, `(k[a][h], v[a][h])` ([rows, head_dim] each).
+    pub fn to_f32(&self) -> (HeadRows, HeadRows) {
+        let unwrap = |x: &[Vec<KvRows>]| -> Vec<Vec<Vec<f32>>> {
+            x.iter()
+                .map(|l| l.iter().map(|r| r.to_f32(0..r.len())).collect())
+                .collect()
+        };
+        (unwrap(&self.k), unwrap(&self.v))
+    }
+
     /// Drops rows past `rows`.
     pub fn truncate(&mut self, rows: usize) {
         if rows >= self.rows {
@@ -215,6 +254,8 @@ pub struct State {
     pub(crate) accel_reset: bool,
     /// Made by a model with an accelerator ([`crate::Model::new_state`]): passes run there.
     pub(crate) on_device: bool,
+    /// That accelerator, for the prefix copies of a device state (snapshots, K/V rows, resume).
+    pub(crate) device: Option<std::sync::Arc<dyn crate::accel::Accelerator>>,
 }
 
 impl State {
@@ -264,6 +305,7 @@ impl State {
             accel: None,
             accel_reset: false,
             on_device: false,
+            device: None,
         }
     }
 
@@ -299,10 +341,34 @@ impl State {
         self.accel_reset = self.accel.is_some();
     }
 
-    /// Whether the state lives on a device (its model has an accelerator). Such a state cannot
-    /// be snapshotted or resumed from host copies yet: prefix caches must leave it alone.
+    /// Whether the state lives on a device (its model has an accelerator). Snapshots, K/V
+    /// copies and resuming then go through the accelerator's prefix copies.
     pub fn is_accelerated(&self) -> bool {
         self.on_device
+    }
+
+    /// The accelerator of a device state, if it copies prefixes (else a clear error).
+    fn prefix_device(&self) -> anyhow::Result<&std::sync::Arc<dyn crate::accel::Accelerator>> {
+        match &self.device {
+            Some(d) if d.supports_prefix_copies() => Ok(d),
+            Some(d) => anyhow::bail!("{} does not copy prefixes", d.describe()),
+            None => anyhow::bail!("a device state without its accelerator"),
+        }
+    }
+
+    /// The device state, made (or lazily reset) now if no pass has done it yet.
+    fn ready_device_state(&mut self) -> anyhow::Result<&mut dyn crate::accel::AccelState> {
+        let dev = self.prefix_device()?.clone();
+        if self.accel.is_none() {
+            self.accel = Some(dev.new_state(self.capacity)?);
+            self.accel_reset = false;
+        }
+        let ds = self.accel.as_deref_mut().expect("made above");
+        if self.accel_reset {
+            dev.reset(ds)?;
+            self.accel_reset = false;
+        }
+        Ok(ds)
     }
 
     /// Whether the model has recurrent (Gated DeltaNet) layers, whose state can only be
@@ -335,24 +401,40 @@ impl State {
         n * std::mem::size_of::<f32>()
     }
 
-    /// Copies the committed recurrent and conv states (the pending suffix is ignored).
-    pub fn snapshot_recurrent(&self) -> RecurrentSnapshot {
-        let mut data = Vec::with_capacity(self.recurrent_snapshot_bytes() / 4);
-        for l in &self.layers {
-            if let LayerState::Gdn(g) = l {
-                data.extend_from_slice(&g.s);
-                data.extend_from_slice(&g.conv);
+    /// Copies the committed recurrent and conv states (the pending suffix is ignored); from
+    /// the device for a device state.
+    pub fn snapshot_recurrent(&self) -> anyhow::Result<RecurrentSnapshot> {
+        let n = self.recurrent_snapshot_bytes() / 4;
+        let mut data = Vec::with_capacity(n);
+        if self.on_device {
+            match self.accel.as_deref() {
+                // No pass ran since the state was made or reset: the states are zero.
+                Some(ds) if !self.accel_reset => {
+                    self.prefix_device()?.read_recurrent(ds, &mut data)?
+                }
+                _ => data.resize(n, 0.0),
+            }
+            if data.len() != n {
+                anyhow::bail!("the device copied {} recurrent values, not {n}", data.len());
+            }
+        } else {
+            for l in &self.layers {
+                if let LayerState::Gdn(g) = l {
+                    data.extend_from_slice(&g.s);
+                    data.extend_from_slice(&g.conv);
+                }
             }
         }
-        RecurrentSnapshot {
+        Ok(RecurrentSnapshot {
             len: self.committed,
             data,
-        }
+        })
     }
 
     /// Appends committed attention rows `kv.rows()..to` to `kv` (which must hold rows of this
-    /// state's committed tokens, or be empty). Panics if `to` exceeds the committed length.
-    pub fn append_kv(&self, kv: &mut KvPrefix, to: usize) {
+    /// state's committed tokens, or be empty); from the device for a device state. Panics if
+    /// `to` exceeds the committed length.
+    pub fn append_kv(&self, kv: &mut KvPrefix, to: usize) -> anyhow::Result<()> {
         assert!(
             to <= self.committed,
             "only committed rows can be copied ({to} > {})",
@@ -378,9 +460,33 @@ impl State {
             kv.v = kv.k.clone();
         }
         if to <= kv.rows {
-            return;
+            return Ok(());
         }
         let from = kv.rows;
+        if self.on_device {
+            let ds = self
+                .accel
+                .as_deref()
+                .filter(|_| !self.accel_reset)
+                .ok_or_else(|| anyhow::anyhow!("committed rows without a device state"))?;
+            let shape = |kv: &[Vec<KvRows>]| -> Vec<Vec<Vec<f32>>> {
+                kv.iter().map(|l| vec![Vec::new(); l.len()]).collect()
+            };
+            let (mut k, mut v) = (shape(&kv.k), shape(&kv.v));
+            self.prefix_device()?
+                .read_kv_rows(ds, from..to, &mut k, &mut v)?;
+            for (dst, src) in kv.k.iter_mut().zip(k).chain(kv.v.iter_mut().zip(v)) {
+                for (d, s) in dst.iter_mut().zip(src) {
+                    let KvRows::F32(d) = d else {
+                        anyhow::bail!("a device K/V prefix holds f32 rows");
+                    };
+                    d.reserve_exact(s.len());
+                    d.extend_from_slice(&s);
+                }
+            }
+            kv.rows = to;
+            return Ok(());
+        }
         for ((c, k), v) in caches().zip(&mut kv.k).zip(&mut kv.v) {
             for (h, (k, v)) in k.iter_mut().zip(v).enumerate() {
                 // Exact sizes (`extend_from` reserves exactly): callers account for the bytes.
@@ -393,6 +499,7 @@ impl State {
             }
         }
         kv.rows = to;
+        Ok(())
     }
 
     /// Makes the committed sequence `tokens`, resuming instead of recomputing: attention rows
@@ -416,11 +523,6 @@ impl State {
             anyhow::bail!(
                 "a prefix of {n} tokens does not fit the context of {}",
                 self.capacity
-            );
-        }
-        if self.on_device {
-            anyhow::bail!(
-                "resuming a device (CUDA) state from a prefix cache is not supported yet"
             );
         }
         let recurrent = if self.has_recurrent_layers() {
@@ -471,6 +573,49 @@ impl State {
                 kv.k.len()
             );
         }
+        if self.on_device {
+            let rows = keep.min(n)..n;
+            fn f32s(kv: &[Vec<KvRows>]) -> anyhow::Result<Vec<Vec<&[f32]>>> {
+                kv.iter()
+                    .map(|l| {
+                        l.iter()
+                            .map(|r| match r {
+                                KvRows::F32(x) => Ok(&x[..]),
+                                KvRows::F16(_) => {
+                                    anyhow::bail!("a device state resumes from f32 K/V rows")
+                                }
+                            })
+                            .collect()
+                    })
+                    .collect()
+            }
+            let (k, v) = if rows.is_empty() {
+                (Vec::new(), Vec::new())
+            } else {
+                (f32s(&kv.k)?, f32s(&kv.v)?)
+            };
+            let dev = self.prefix_device()?.clone();
+            let ds = self.ready_device_state()?;
+            dev.write_prefix(ds, rows, &k, &v, recurrent.map(|r| &r.data[..]))?;
+        } else {
+            self.load_host_prefix(keep, n, kv, recurrent);
+        }
+        self.committed = n;
+        self.pending.active = false;
+        self.tokens.clear();
+        self.tokens.extend_from_slice(tokens);
+        Ok(())
+    }
+
+    /// [`State::load_prefix`]'s copies into the host caches and states: attention rows
+    /// `keep..n` from `kv`, the recurrent state from `recurrent` (checked by the caller).
+    fn load_host_prefix(
+        &mut self,
+        keep: usize,
+        n: usize,
+        kv: &KvPrefix,
+        recurrent: Option<&RecurrentSnapshot>,
+    ) {
         let mut ai = 0;
         let mut off = 0;
         for l in &mut self.layers {
@@ -503,11 +648,6 @@ impl State {
                 }
             }
         }
-        self.committed = n;
-        self.pending.active = false;
-        self.tokens.clear();
-        self.tokens.extend_from_slice(tokens);
-        Ok(())
     }
 
     /// Shortens the committed sequence to `n` tokens. Only attention state can be cut back,
@@ -523,9 +663,6 @@ impl State {
         }
         if n != self.committed && self.has_recurrent_layers() {
             anyhow::bail!("recurrent (Gated DeltaNet) state cannot be truncated");
-        }
-        if n != self.committed && self.on_device {
-            anyhow::bail!("truncating a device (CUDA) state is not supported yet");
         }
         self.committed = n;
         self.pending.active = false;

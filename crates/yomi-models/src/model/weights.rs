@@ -157,8 +157,16 @@ impl Model {
     /// A fresh state for up to `capacity` tokens; with an accelerator its passes run there (the
     /// device state is made on the first pass).
     pub fn new_state(&self, capacity: usize) -> crate::State {
-        let mut st = crate::State::new(&self.cfg, capacity, self.kv_dtype);
+        // A device state's host caches are never written (their pages are never touched); they
+        // say the element type of the device's K/V, which is f32.
+        let kv = if self.accel.is_some() {
+            crate::KvDtype::F32
+        } else {
+            self.kv_dtype
+        };
+        let mut st = crate::State::new(&self.cfg, capacity, kv);
         st.on_device = self.accel.is_some();
+        st.device = self.accel.clone();
         st
     }
 
@@ -179,12 +187,9 @@ impl Model {
     }
 
     /// Regroups the Q8_0/Q4_0/Q4_1 matrices into the packed layout of the CPU kernels
-    /// (`yomi_cpu::quant::packed`: same bytes, faster verify passes), unless `YOMI_QUANT_PACK=off`
-    /// (kept to measure against). Idempotent.
+    /// (`yomi_cpu::quant::packed`: same bytes, faster verify passes). Idempotent. (The engine
+    /// does it unless its options keep GGML row order, to measure against.)
     pub fn pack_for_cpu(&mut self) {
-        if std::env::var("YOMI_QUANT_PACK").is_ok_and(|v| v.trim() == "off") {
-            return;
-        }
         for m in self.matrices_mut() {
             m.pack();
         }
