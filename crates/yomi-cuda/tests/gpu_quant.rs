@@ -286,9 +286,13 @@ fn quant_bad_shapes_are_errors() {
         assert!(DeviceMatrix::from_ggml_blocks(&d, rows, cols, f, &vec![0; n - 2]).is_err());
         assert!(DeviceMatrix::from_ggml_blocks(&d, rows, cols + 8, f, &vec![0; n]).is_err());
         let dm = DeviceMatrix::from_ggml_blocks(&d, rows, cols, f, &vec![0; n]).unwrap();
+        // Any T runs (more than 32 rows as a GEMM), but not into a short output.
         let x = d.upload(&vec![1.0f32; 33 * cols]).unwrap();
-        let mut out = d.alloc_zeros::<f32>(33 * rows).unwrap();
-        assert!(d.linear(&x, 33, &dm, None, &mut out).is_err(), "T = 33");
+        let mut short_out = d.alloc_zeros::<f32>(33 * rows - 1).unwrap();
+        assert!(
+            d.linear(&x, 33, &dm, None, &mut short_out).is_err(),
+            "T = 33, short output"
+        );
         let x1 = d.upload(&vec![1.0f32; cols - 1]).unwrap();
         let mut o1 = d.alloc_zeros::<f32>(rows).unwrap();
         assert!(d.linear(&x1, 1, &dm, None, &mut o1).is_err(), "short x");

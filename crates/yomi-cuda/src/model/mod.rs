@@ -5,6 +5,7 @@
 
 mod chunk;
 mod forward;
+mod prefix;
 mod state;
 mod weights;
 
@@ -136,6 +137,12 @@ impl CudaModel {
         self.run_commit(st, committed, &TreeBatch::chain(rows), &all)
     }
 
+    fn state_ref<'a>(&self, st: &'a dyn AccelState) -> Result<&'a CudaState> {
+        st.as_any()
+            .downcast_ref::<CudaState>()
+            .ok_or_else(|| anyhow!("a device state from another backend"))
+    }
+
     fn state<'a>(&self, st: &'a mut dyn AccelState) -> Result<&'a mut CudaState> {
         st.as_any_mut()
             .downcast_mut::<CudaState>()
@@ -243,6 +250,36 @@ impl Accelerator for CudaModel {
     fn reset(&self, st: &mut dyn AccelState) -> Result<()> {
         let st = self.state(st)?;
         self.run_reset(st)
+    }
+
+    fn supports_prefix_copies(&self) -> bool {
+        true
+    }
+
+    fn read_recurrent(&self, st: &dyn AccelState, out: &mut Vec<f32>) -> Result<()> {
+        self.read_recurrent_to(self.state_ref(st)?, out)
+    }
+
+    fn read_kv_rows(
+        &self,
+        st: &dyn AccelState,
+        rows: std::ops::Range<usize>,
+        k: &mut [Vec<Vec<f32>>],
+        v: &mut [Vec<Vec<f32>>],
+    ) -> Result<()> {
+        self.read_kv_rows_to(self.state_ref(st)?, rows, k, v)
+    }
+
+    fn write_prefix(
+        &self,
+        st: &mut dyn AccelState,
+        rows: std::ops::Range<usize>,
+        k: &[Vec<&[f32]>],
+        v: &[Vec<&[f32]>],
+        recurrent: Option<&[f32]>,
+    ) -> Result<()> {
+        let st = self.state(st)?;
+        self.write_prefix_from(st, rows, k, v, recurrent)
     }
 }
 
