@@ -118,13 +118,27 @@ mod tests {
         assert_eq!(exp(0.0), 1.0);
     }
 
+    /// For a test that build.rs let run (the build host had `what`): fails, rather than passing
+    /// with nothing tested, where the build is reused on a CPU without it.
+    #[cfg(target_arch = "x86_64")]
+    fn require(what: &str, present: bool) {
+        assert!(
+            present,
+            "this CPU lacks {what}, which the build host had: rebuild here (cargo clean -p yomi-cpu)"
+        );
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[test]
+    #[cfg_attr(
+        not(yomi_host_avx2),
+        ignore = "needs an AVX2+FMA+F16C CPU (the build host has none, see build.rs)"
+    )]
     fn exp8_is_bitwise_exp() {
-        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
-            println!("exp8: no AVX2+FMA on this CPU, only the scalar exp is tested");
-            return;
-        }
+        require(
+            "AVX2+FMA",
+            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+        );
         use std::arch::x86_64::*;
         let xs: Vec<f32> = (0..4096)
             .map(|i| -100.0 + 200.0 * i as f32 / 4096.0)
@@ -146,11 +160,12 @@ mod tests {
 
     #[cfg(target_arch = "x86_64")]
     #[test]
+    #[cfg_attr(
+        not(yomi_host_avx512f),
+        ignore = "needs an AVX-512 F CPU (the build host has none, see build.rs)"
+    )]
     fn exp16_is_bitwise_exp() {
-        if !is_x86_feature_detected!("avx512f") {
-            println!("exp16: no AVX-512 on this CPU, only the scalar exp is tested");
-            return;
-        }
+        require("AVX-512 F", is_x86_feature_detected!("avx512f"));
         use std::arch::x86_64::*;
         let xs: Vec<f32> = (0..4096)
             .map(|i| -100.0 + 200.0 * i as f32 / 4096.0)

@@ -187,6 +187,18 @@ fn require(isa: Isa) {
     );
 }
 
+/// [`require`] for the AMX tests (build.rs's `cfg(yomi_host_amx)`): fails, rather than
+/// checking the AMX-off kernel against itself, where this CPU or OS gives no AMX-INT8 tile
+/// state although the build host's did.
+fn require_amx() {
+    require(Isa::Avx512Vnni);
+    assert!(
+        Kernel::new(Isa::Avx512Vnni).is_some_and(|k| k.with_amx(true).amx()),
+        "this CPU or OS gives no AMX-INT8 tile state, which the build host had: rebuild here \
+         (cargo clean -p yomi-cpu)"
+    );
+}
+
 fn simd_isas() -> Vec<Isa> {
     [Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni]
         .into_iter()
@@ -523,14 +535,15 @@ fn activation_quantization_range_and_builds_agree() {
 /// instead): bit for bit the portable blocks, also for an odd number of 32-blocks per row.
 #[cfg(target_arch = "x86_64")]
 #[test]
+#[cfg_attr(
+    not(yomi_host_avx2),
+    ignore = "needs an AVX2+FMA+F16C CPU (the build host has none, see build.rs)"
+)]
 fn avx2_pair_quantizer_matches_portable() {
-    if !super::act_x86::available_avx2() {
-        println!("no AVX2 on this CPU: only the portable quantizer runs here");
-        return;
-    }
+    require(Isa::Avx2);
     fn check<A: ActBlock + PartialEqBlock + super::act_x86::PairOut>(x: &[f32], cols: usize) {
         let mut a = vec![A::default(); x.len() / cols * cols.div_ceil(64)];
-        // SAFETY: AVX2 checked by the caller.
+        // SAFETY: AVX2 checked by `require` (`Isa::Avx2` includes it).
         unsafe { super::act_x86::quantize_pairs_avx2(x, cols, &mut a) };
         for (r, xr) in x.chunks(cols).enumerate() {
             let mut b = Vec::<A>::new();
@@ -721,13 +734,19 @@ fn avx512vnni_matches_scalar_integer_sums() {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
+    /// Every SIMD kernel set of this CPU (none without AVX2, hence ignored there).
     #[test]
+    #[cfg_attr(
+        not(yomi_host_avx2),
+        ignore = "needs an AVX2+FMA+F16C CPU (the build host has none, see build.rs)"
+    )]
     fn simd_isums_match_scalar_prop(
         ty_i in 0usize..6,
         seed in any::<u64>(),
         nb in 1usize..5,
         big in any::<bool>(),
     ) {
+        require(Isa::Avx2);
         let ty = QuantType::ALL[ty_i];
         let mut rng = Rng(seed);
         let w = rng.bytes(nb * ty.type_size());
@@ -1342,11 +1361,12 @@ fn packed_real_shapes() {
 /// The AMX packed kernel at real shapes (SmolLM2-135M: q/o 576×576, k/v 192×576, gate/up
 /// 1536×576, down 576×1536, the tied Q8_0 LM head 49152×576) and T around its tile of 16:
 /// every output bitwise the one-row result of the AVX-512-VNNI kernel, at both precisions.
-/// Without AMX it checks the AMX-off kernel against itself and says so.
+/// Ignored where the build host has no AMX (it would check the AMX-off kernel against itself);
+/// fails where the build host had AMX and the machine running it has none (rebuild there).
 #[test]
 #[cfg_attr(
-    not(yomi_host_avx512vnni),
-    ignore = "needs an AVX-512-VNNI CPU (the build host has none, see build.rs)"
+    not(yomi_host_amx),
+    ignore = "needs AMX-INT8 with Linux's permission (the build host has none, see build.rs)"
 )]
 fn packed_amx_real_shapes() {
     const TS: [usize; 12] = [1, 2, 3, 4, 5, 8, 15, 16, 17, 31, 32, 33];
@@ -1361,8 +1381,8 @@ fn packed_amx_real_shapes() {
         (QuantType::Q4_0, 1536, 576),
         (QuantType::Q8_0, 49152, 576),
     ];
-    require(Isa::Avx512Vnni);
-    let base = Kernel::new(Isa::Avx512Vnni).expect("checked by require");
+    require_amx();
+    let base = Kernel::new(Isa::Avx512Vnni).expect("checked by require_amx");
     let tmax = *TS.last().expect("T values");
     for (ci, &(ty, rows, cols)) in cases.iter().enumerate() {
         let mut rng = Rng(700 + ci as u64);
@@ -1396,15 +1416,16 @@ fn packed_amx_real_shapes() {
 /// the same shape but other values (the quantized input buffer is reused from call to call)
 /// must not see the previous loop's tiles. Each call is checked bitwise against the one-row
 /// AVX-512-VNNI results of its own input, at T = 5, 8 and 16 (one tile, several pieces per
-/// thread).
+/// thread). Ignored where the build host has no AMX (it would check the AMX-off kernel against
+/// itself).
 #[test]
 #[cfg_attr(
-    not(yomi_host_avx512vnni),
-    ignore = "needs an AVX-512-VNNI CPU (the build host has none, see build.rs)"
+    not(yomi_host_amx),
+    ignore = "needs AMX-INT8 with Linux's permission (the build host has none, see build.rs)"
 )]
 fn amx_tiles_are_not_reused_across_loops() {
-    require(Isa::Avx512Vnni);
-    let base = Kernel::new(Isa::Avx512Vnni).expect("checked by require");
+    require_amx();
+    let base = Kernel::new(Isa::Avx512Vnni).expect("checked by require_amx");
     let (rows, cols) = (1536, 576);
     let mut rng = Rng(901);
     let q = QuantData::quantize(QuantType::Q4_1, rows, cols, &rng.vec(rows * cols));
