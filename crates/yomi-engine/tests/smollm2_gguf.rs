@@ -176,12 +176,17 @@ fn dequantized_f32_path_matches_transformers() {
 
 /// The integer fast path (GGUF blocks × the default int8×2 activations: ~16-bit, held as two
 /// int8 planes) with the default f16 K/V cache over the 456-token teacher-forced
-/// text: mean KL ≤ 0.01 (measured < 1e-5) and top-1 agreement ≥ 99% (measured 100%, like the
-/// dequantized-f32 path above). One-plane int8 activations (`YOMI_QUANT_ACT=int8`, which this
-/// bound does not hold for) measured 98.0–98.25% with KL 0.0022: every miss a swap with the
-/// reference's second choice at a top-1/top-2 gap ≤ 0.12. KL(p_ref ‖ p_yomi) is summed over
+/// text: |mean KL| ≤ 1e-6 and top-1 agreement ≥ 99% (measured 100%, like the dequantized-f32
+/// path above). Mean KL measured 1.628e-7, the same to four digits with `YOMI_CPU_ISA=avx2`,
+/// `=portable`, `YOMI_QUANT_AMX=off` and one thread (the integer kernels give the same bits on
+/// every ISA); the bound is ~6× that, room for another summation order in attention, while
+/// one-plane int8 activations (`YOMI_QUANT_ACT=int8`, which this bound does not hold for)
+/// measure KL 2.9e-3 and 97.4% (98.0–98.25% with KL 0.0022 earlier: every miss a swap with the
+/// reference's second choice at a top-1/top-2 gap ≤ 0.12). KL(p_ref ‖ p_yomi) is summed over
 /// the reference's top-64 tokens of each row (the reference stores those and the exact
-/// logsumexp; the tail outside the top 64 is left out, and its mass is reported).
+/// logsumexp; the tail outside the top 64 is left out, and its mass is reported): a partial
+/// sum, negative where yomi puts more mass on those tokens (a sharper distribution), so its
+/// magnitude is what is bounded.
 #[test]
 fn integer_fast_path_agrees_with_transformers() {
     let e = engine();
@@ -216,11 +221,11 @@ fn integer_fast_path_agrees_with_transformers() {
     let agreement = agree as f64 / n as f64;
     let kl = kl_sum / n as f64;
     eprintln!(
-        "integer fast path: top-1 agreement {agreement:.4}, mean KL {kl:.5} (top-64 mass {:.4})",
+        "integer fast path: top-1 agreement {agreement:.4}, mean KL {kl:.3e} (top-64 mass {:.4})",
         covered / n as f64
     );
     assert!(agreement >= 0.99, "top-1 agreement {agreement}");
-    assert!(kl <= 0.01, "mean KL {kl}");
+    assert!(kl.abs() <= 1e-6, "mean KL {kl}");
 }
 
 /// The README prompt through the fast path gives Python code.
