@@ -230,6 +230,7 @@ fn attention_tree_matches_cpu_with_peaked_scores() {
         .flat_map(|tc| [0usize, 1000, 8000].map(|c| (tc, c)))
     {
         let mut scratch = AttnScratch::with_kernels(&d, 32, dims, CAP, tc).unwrap();
+        assert_eq!(scratch.shape().mma_from, tc, "tensor cores unavailable");
         for (name, parents) in tree_cases(&[1, 16], 50) {
             let tree = TreeBatch::from_parents(&parents).unwrap();
             let q = r.vec(tree.len() * dims.n_heads * dims.head_dim, 2.0);
