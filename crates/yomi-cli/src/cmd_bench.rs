@@ -11,6 +11,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use yomi_server::client::{Endpoint, error_message, post_json};
 
+use crate::settings::Settings;
+
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// The server's base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine).
@@ -218,9 +220,9 @@ fn fmt(x: Option<f64>, digits: usize) -> String {
     x.map_or_else(|| "n/a".into(), |v| format!("{v:.digits$}"))
 }
 
-pub fn run(mut a: BenchArgs) -> Result<()> {
+pub fn run(mut a: BenchArgs, settings: &Settings) -> Result<()> {
     if a.api_key.is_none() {
-        a.api_key = std::env::var("YOMI_API_KEY").ok().filter(|k| !k.is_empty());
+        a.api_key = settings.api_key.clone();
     }
     if a.runs == 0 {
         bail!("--runs must be at least 1");

@@ -17,6 +17,7 @@ use yomi_server::reasoning::{
 use yomi_spec::{Drafter, SuffixDrafter};
 
 use crate::common::{DraftArgs, ModelArgs, SamplingArgs, load_engine};
+use crate::settings::Settings;
 
 #[derive(Args, Debug)]
 pub struct ChatArgs {
@@ -142,9 +143,9 @@ fn short_stats(s: &GenerationStats, cached: usize) -> String {
     line
 }
 
-pub fn run(a: ChatArgs) -> Result<()> {
+pub fn run(a: ChatArgs, settings: &Settings) -> Result<()> {
     let draft = a.drafting.draft;
-    let engine = load_engine(&a.model)?;
+    let engine = load_engine(&a.model, settings)?;
     let Some(template) = engine.template.clone() else {
         bail!(
             "{} has no chat template, so it cannot chat (try `yomi run --raw`)",

@@ -8,6 +8,7 @@ use yomi_core::TreeBatch;
 use yomi_models::{HiddenTaps, LogitRows};
 
 use crate::common::{ModelArgs, load_engine};
+use crate::settings::Settings;
 
 #[derive(Args, Debug)]
 pub struct LogitsArgs {
@@ -120,7 +121,7 @@ fn parse_list<T: std::str::FromStr>(s: &str, what: &str) -> Result<Vec<T>> {
         .collect()
 }
 
-pub fn run(a: LogitsArgs) -> Result<()> {
+pub fn run(a: LogitsArgs, settings: &Settings) -> Result<()> {
     let tokens: Vec<u32> = parse_list(&a.tokens, "--tokens")?;
     if tokens.is_empty() {
         bail!("--tokens is empty");
@@ -142,7 +143,7 @@ pub fn run(a: LogitsArgs) -> Result<()> {
         _ => bail!("--tree-parents and --tree-tokens go together"),
     };
     let plan = plan(&tokens, tree)?;
-    let engine = load_engine(&a.model)?;
+    let engine = load_engine(&a.model, settings)?;
     let v = engine.model.cfg.vocab_size;
     let h_sz = engine.model.cfg.hidden_size;
     let total = plan.prefix.len() + plan.tokens.len();

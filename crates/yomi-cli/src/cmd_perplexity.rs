@@ -6,6 +6,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 
 use crate::common::{ModelArgs, load_engine};
+use crate::settings::Settings;
 
 #[derive(Args, Debug)]
 pub struct PerplexityArgs {
@@ -29,7 +30,7 @@ pub struct PerplexityArgs {
     pub json: bool,
 }
 
-pub fn run(a: PerplexityArgs) -> Result<()> {
+pub fn run(a: PerplexityArgs, settings: &Settings) -> Result<()> {
     let text = std::fs::read_to_string(&a.file)
         .with_context(|| format!("cannot read {}", a.file.display()))?;
     if text.trim().is_empty() {
@@ -39,7 +40,7 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
     if model.ctx_size.is_none() {
         model.ctx_size = Some(a.window);
     }
-    let engine = load_engine(&model)?;
+    let engine = load_engine(&model, settings)?;
     let mut ids = engine.tokenizer.encode(&text, true)?;
     if let Some(m) = a.max_windows {
         ids.truncate(m.saturating_mul(a.window));

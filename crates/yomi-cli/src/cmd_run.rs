@@ -8,6 +8,7 @@ use yomi_engine::template::ChatMessage;
 use yomi_engine::{GenerateParams, Prompt};
 
 use crate::common::{DraftArgs, ModelArgs, SamplingArgs, load_engine};
+use crate::settings::Settings;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -40,12 +41,12 @@ pub struct RunArgs {
     pub json: bool,
 }
 
-pub fn run(a: RunArgs) -> Result<()> {
+pub fn run(a: RunArgs, settings: &Settings) -> Result<()> {
     if a.message.trim().is_empty() {
         bail!("the prompt is empty (give one with -m \"…\")");
     }
     let stats = StatsRecorder::start();
-    let engine = load_engine(&a.model)?;
+    let engine = load_engine(&a.model, settings)?;
     // Stats count from request arrival; loading the model is not part of the request.
     let stats = {
         drop(stats);

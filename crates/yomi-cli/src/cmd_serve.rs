@@ -7,6 +7,7 @@ use yomi_engine::prefix_cache::PrefixCacheConfig;
 use yomi_server::{DEFAULT_QUEUE_SIZE, ServerConfig};
 
 use crate::common::{DraftArgs, ModelArgs, load_engine};
+use crate::settings::Settings;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -43,9 +44,9 @@ pub struct ServeArgs {
     pub debug_token_delay_ms: Option<u64>,
 }
 
-pub fn run(mut a: ServeArgs) -> Result<()> {
+pub fn run(mut a: ServeArgs, settings: &Settings) -> Result<()> {
     if a.api_key.is_none() {
-        a.api_key = std::env::var("YOMI_API_KEY").ok().filter(|k| !k.is_empty());
+        a.api_key = settings.api_key.clone();
     }
     if a.max_body_mb == 0 {
         bail!("--max-body-mb must be at least 1");
@@ -55,7 +56,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     }
     // Bind before loading the model: a taken port fails at once.
     let bound = yomi_server::bind(&a.host, a.port)?;
-    let engine = load_engine(&a.model)?;
+    let engine = load_engine(&a.model, settings)?;
     let name = a
         .served_model_name
         .clone()

@@ -9,6 +9,8 @@ use yomi_engine::generate::{DEFAULT_DRAFT_BUDGET, DraftMode, MAX_DRAFT_BUDGET};
 use yomi_engine::template::GenerationDefaults;
 use yomi_engine::{Engine, EngineOptions};
 
+use crate::settings::Settings;
+
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
     /// Model: a Hugging Face directory or a .gguf file.
@@ -80,7 +82,7 @@ pub fn print_error(e: &anyhow::Error) {
 }
 
 /// Loads the model with a progress bar on stderr (hidden when stderr is not a terminal).
-pub fn load_engine(m: &ModelArgs) -> Result<Engine> {
+pub fn load_engine(m: &ModelArgs, settings: &Settings) -> Result<Engine> {
     check_device(&m.device)?;
     let bar = ProgressBar::new(0);
     bar.set_style(
@@ -92,6 +94,9 @@ pub fn load_engine(m: &ModelArgs) -> Result<Engine> {
         context_size: m.ctx_size,
         threads: m.threads,
         kv_cache: Some(m.kv_cache.parse()?),
+        quant_pack: settings.quant_pack,
+        pass_threads: settings.pass_threads,
+        pass_trace: settings.pass_trace,
     };
     let engine = Engine::load(&m.model, &opts, &mut |done, total| {
         bar.set_length(total as u64);

@@ -7,6 +7,7 @@ mod cmd_perplexity;
 mod cmd_run;
 mod cmd_serve;
 mod common;
+mod settings;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -53,14 +54,18 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Run(a) => cmd_run::run(a),
-        Command::Logits(a) => cmd_logits::run(a),
-        Command::Perplexity(a) => cmd_perplexity::run(a),
-        Command::Chat(a) => cmd_chat::run(a),
-        Command::Serve(a) => cmd_serve::run(a),
-        Command::Bench(a) => cmd_bench::run(a),
-    };
+    // The environment is read here, once (see settings.rs); nothing else reads it.
+    let result = settings::Settings::from_env().and_then(|s| {
+        s.install()?;
+        match cli.command {
+            Command::Run(a) => cmd_run::run(a, &s),
+            Command::Logits(a) => cmd_logits::run(a, &s),
+            Command::Perplexity(a) => cmd_perplexity::run(a, &s),
+            Command::Chat(a) => cmd_chat::run(a, &s),
+            Command::Serve(a) => cmd_serve::run(a, &s),
+            Command::Bench(a) => cmd_bench::run(a, &s),
+        }
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

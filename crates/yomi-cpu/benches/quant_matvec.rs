@@ -92,7 +92,11 @@ fn quant(m: &Matrix) -> &QuantData {
     }
 }
 
+#[path = "../examples/common/options.rs"]
+mod options;
+
 fn main() {
+    options::configure_from_env();
     let isa = Isa::detect();
     println!("quant_matvec: kernels = {isa:?}, rayon threads 1 and 2, T = 1");
     for threads in [1, 2] {

@@ -4,7 +4,11 @@ use std::hint::black_box;
 use std::time::Instant;
 use yomi_cpu::quant::{PairQ8x2, quantize_rows};
 
+#[path = "common/options.rs"]
+mod options;
+
 fn main() {
+    options::configure_from_env();
     for cols in [576usize, 1536] {
         for t in [1usize, 8] {
             let x: Vec<f32> = (0..t * cols)

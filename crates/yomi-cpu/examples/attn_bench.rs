@@ -13,7 +13,11 @@ use std::time::Instant;
 use yomi_core::TreeBatch;
 use yomi_cpu::attention::{AttnIsa, AttnShape, KEY_TILE, KvElem, KvLayout, attention_tree_with};
 
+#[path = "common/options.rs"]
+mod options;
+
 fn main() {
+    options::configure_from_env();
     match std::env::var("ATTN_KV").as_deref() {
         Ok("f16") => bench::<f16>(),
         _ => bench::<f32>(),

@@ -96,7 +96,11 @@ fn run_layers(kernel: Kernel, layers: &[Layer], t: usize, x: &[f32], o: &mut Out
     }
 }
 
+#[path = "common/options.rs"]
+mod options;
+
 fn main() {
+    options::configure_from_env();
     let mut args = std::env::args().skip(1);
     let reps: usize = args
         .next()

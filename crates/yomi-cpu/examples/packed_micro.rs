@@ -3,7 +3,11 @@ use std::hint::black_box;
 use std::time::Instant;
 use yomi_cpu::quant::{Isa, Kernel, PackedQuant, PairQ8x2, QuantData, QuantType, quantize_rows};
 
+#[path = "common/options.rs"]
+mod options;
+
 fn main() {
+    options::configure_from_env();
     let cols = 576;
     for ty in [QuantType::Q4_1, QuantType::Q8_0] {
         let w: Vec<f32> = (0..16 * cols)

@@ -15,7 +15,8 @@
 //!
 //! Shapes: SmolLM2-135M (hidden 576, FFN 1536: gate/up are [1536, 576], down [576, 1536]) in
 //! Q4_1 and Q8_0, and a 4096×4096 Q4_K projection. Activations at the process precision
-//! (`YOMI_QUANT_ACT`, default int8×2). Every number is the minimum over ROUNDS (default 7)
+//! (`YOMI_QUANT_ACT`, default int8×2: this crate's programs read the `yomi` binary's CPU
+//! switches, see `common/options.rs`). Every number is the minimum over ROUNDS (default 7)
 //! rounds of the mean time of a batch of calls (≥ 20 ms per batch); the two paths alternate
 //! within each round. With 1 thread the time is the CPU time of the pool's worker thread
 //! (`CLOCK_THREAD_CPUTIME_ID`), which a shared machine inflates much less than wall time
@@ -79,7 +80,11 @@ fn batch(cpu: bool, mut f: impl FnMut()) -> f64 {
     }
 }
 
+#[path = "common/options.rs"]
+mod options;
+
 fn main() {
+    options::configure_from_env();
     let rounds: usize = std::env::args()
         .nth(1)
         .map(|a| a.parse().expect("ROUNDS: a positive integer"))

@@ -1,8 +1,9 @@
-//! A ceiling on the instruction sets the CPU kernels dispatch to: `YOMI_CPU_ISA` (read once per
-//! process; `portable`, `avx2`, `avx-vnni` or `avx512`) keeps every runtime dispatch of this
-//! crate at or below that level, whatever the CPU has. Unset: no ceiling. (An environment
-//! variable rather than a setter: the kernels are chosen once per process and cached, so a
-//! ceiling set later would apply to some dispatches and not others.)
+//! A ceiling on the instruction sets the CPU kernels dispatch to: [`CpuOptions::isa_cap`]
+//! (`portable`, `avx2`, `avx-vnni` or `avx512`; the `yomi` binary's `YOMI_CPU_ISA`) keeps every
+//! runtime dispatch of this crate at or below that level, whatever the CPU has. Default: no
+//! ceiling. (A process-wide option set once by [`crate::configure`] rather than an argument: the
+//! kernels are chosen once per process and cached, so a ceiling set later would apply to some
+//! dispatches and not others.)
 //!
 //! Why: an AVX-512 machine can then run the AVX2 kernels that AVX2-only CPUs (Zen 3, older
 //! Intel) run, to measure them or to reproduce a report from such a machine; and a platform
@@ -13,8 +14,8 @@
 //!
 //! The ceiling only narrows the choice: a level the CPU lacks stays unused. Tests that compare
 //! every supported kernel with its twin ask the CPU directly and ignore the ceiling.
-
-use std::sync::OnceLock;
+//!
+//! [`CpuOptions::isa_cap`]: crate::CpuOptions::isa_cap
 
 /// Instruction-set levels, in the order each includes the ones before it (for dispatch).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -37,7 +38,7 @@ impl IsaLevel {
         IsaLevel::Avx512,
     ];
 
-    /// The name `YOMI_CPU_ISA` takes.
+    /// The level's name (what `YOMI_CPU_ISA` takes).
     pub const fn name(self) -> &'static str {
         match self {
             IsaLevel::Portable => "portable",
@@ -60,21 +61,10 @@ impl std::fmt::Display for IsaLevel {
     }
 }
 
-/// The ceiling: `YOMI_CPU_ISA` (read once; empty means unset; a value that is not a level is
-/// reported once on stderr and ignored), else [`IsaLevel::Avx512`] (no ceiling).
+/// The ceiling: [`crate::CpuOptions::isa_cap`] of the options in force ([`IsaLevel::Avx512`],
+/// no ceiling, unless configured).
 pub fn cap() -> IsaLevel {
-    static ENV: OnceLock<IsaLevel> = OnceLock::new();
-    *ENV.get_or_init(|| match std::env::var("YOMI_CPU_ISA") {
-        Err(_) => IsaLevel::Avx512,
-        Ok(v) if v.trim().is_empty() => IsaLevel::Avx512,
-        Ok(v) => IsaLevel::from_name(&v).unwrap_or_else(|| {
-            eprintln!(
-                "yomi: ignoring YOMI_CPU_ISA={v:?} (expected portable, avx2, avx-vnni or \
-                 avx512); no ceiling"
-            );
-            IsaLevel::Avx512
-        }),
-    })
+    crate::options().isa_cap
 }
 
 /// Whether dispatch may use `level` (the CPU must still support it).

@@ -1,6 +1,8 @@
 //! yomi's CPU backend: the op set of DESIGN §5 on x86-64 (runtime-detected AVX2/FMA, AVX-512,
 //! VNNI and AMX with a portable fallback), its parallel loops on a spinning pool ([`pool`]).
 //! Every fast kernel sits next to a plain reference twin that the tests compare it against.
+//! Its dispatch settings are one process-wide [`CpuOptions`] value ([`configure`]); it reads no
+//! environment.
 
 pub mod activation;
 pub mod attention;
@@ -10,6 +12,7 @@ pub mod gdn;
 pub mod isa_cap;
 pub mod linear;
 pub mod norm;
+pub mod options;
 pub mod pool;
 pub mod quant;
 pub mod rope;
@@ -17,3 +20,4 @@ pub mod simd;
 pub mod steal;
 
 pub use linear::{Matrix, WeightData};
+pub use options::{AlreadyConfigured, CpuOptions, configure, options};

@@ -8,8 +8,8 @@
 //! GGML block-quantized weights ([`WeightData::Quant`]) take the integer path of
 //! [`crate::quant`]: the T input rows are quantized once per call (at the process-wide
 //! [`crate::quant::Precision`]: by default int8×2, ~16-bit activations held as two int8 planes;
-//! `YOMI_QUANT_ACT=int8` for one plane) and each weight row is dotted with all of them in integer
-//! arithmetic.
+//! int8 for one plane with [`crate::CpuOptions::quant_act`]) and each weight row is dotted with
+//! all of them in integer arithmetic.
 
 use std::cell::RefCell;
 

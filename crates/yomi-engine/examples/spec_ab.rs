@@ -22,12 +22,15 @@ use anyhow::{Context, Result, bail};
 use yomi_engine::generate::DraftMode;
 use yomi_engine::stats::{PassSize, StatsRecorder, row_ranges};
 use yomi_engine::template::ChatMessage;
-use yomi_engine::{Engine, EngineOptions, GenerateParams, Generation, Prompt};
+use yomi_engine::{Engine, GenerateParams, Generation, Prompt};
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
+
+#[path = "common/options.rs"]
+mod options;
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -39,7 +42,11 @@ fn main() -> Result<()> {
     let prompts: serde_json::Map<String, serde_json::Value> = serde_json::from_str(
         &std::fs::read_to_string(prompts).with_context(|| format!("reading {prompts}"))?,
     )?;
-    let engine = Engine::load(Path::new(model), &EngineOptions::default(), &mut |_, _| {})?;
+    let engine = Engine::load(
+        Path::new(model),
+        &options::engine_options_from_env(),
+        &mut |_, _| {},
+    )?;
     println!("device: {}", engine.device());
     println!(
         "| prompt | plain tok/s | suffix tok/s | speed-up (range) | tokens/pass | drafted/pass | identical |"

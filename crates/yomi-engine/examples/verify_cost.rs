@@ -14,8 +14,11 @@
 use std::path::Path;
 use std::time::Instant;
 use yomi_core::TreeBatch;
-use yomi_engine::{Engine, EngineOptions};
+use yomi_engine::Engine;
 use yomi_models::LogitRows;
+
+#[path = "common/options.rs"]
+mod options;
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
@@ -27,7 +30,11 @@ fn main() -> anyhow::Result<()> {
     if sizes.is_empty() {
         sizes = vec![1, 2, 4, 8, 16, 32];
     }
-    let engine = Engine::load(Path::new(&path), &EngineOptions::default(), &mut |_, _| {})?;
+    let engine = Engine::load(
+        Path::new(&path),
+        &options::engine_options_from_env(),
+        &mut |_, _| {},
+    )?;
     let model = &engine.model;
     let vocab = model.cfg.vocab_size as u32;
     // VERIFY_REPS: more passes per size (e.g. to profile the passes rather than the prefill).

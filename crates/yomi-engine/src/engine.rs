@@ -9,8 +9,9 @@ use yomi_models::{KvDtype, Model, State};
 use crate::template::{ChatMessage, ChatTemplate, GenerationDefaults};
 use crate::tokenizer::TextTokenizer;
 
-/// How to open a model.
-#[derive(Clone, Debug, Default)]
+/// How to open a model. The engine reads no environment: the `yomi` binary fills the
+/// measuring switches (`quant_pack`, `pass_threads`, `pass_trace`) from its `YOMI_*` variables.
+#[derive(Clone, Debug)]
 pub struct EngineOptions {
     /// Context size in tokens (default: the model's maximum, capped at [`DEFAULT_MAX_CONTEXT`]).
     pub context_size: Option<usize>,
@@ -19,6 +20,28 @@ pub struct EngineOptions {
     /// Element type of the CPU attention caches (default f16: half the memory and, past a few
     /// hundred tokens of context, faster decoding; f32 keeps the cached values exact).
     pub kv_cache: Option<KvDtype>,
+    /// Regroup Q8_0/Q4_0/Q4_1 weights 16 rows at a time for the CPU's packed kernels (default
+    /// true); false keeps GGML row order, to measure against (`YOMI_QUANT_PACK=off`).
+    pub quant_pack: bool,
+    /// Run every CPU pass on this many threads instead of measuring the best count per size of
+    /// pass (default None: measure; see `pass_threads.rs`; `YOMI_PASS_THREADS`).
+    pub pass_threads: Option<usize>,
+    /// Print each CPU pass's rows, threads and time to stderr (`pass rows=T threads=N us=…`;
+    /// default false; `YOMI_PASS_TRACE=1`).
+    pub pass_trace: bool,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            context_size: None,
+            threads: None,
+            kv_cache: None,
+            quant_pack: true,
+            pass_threads: None,
+            pass_trace: false,
+        }
+    }
 }
 
 /// Default cap on the context size: the KV cache is allocated lazily, but this bounds what a
@@ -51,6 +74,9 @@ pub struct Engine {
     pool: rayon::ThreadPool,
     /// The measured thread counts of the CPU passes, carried from request to request.
     pub(crate) pass_threads: std::sync::Mutex<Option<crate::pass_threads::PassThreads>>,
+    /// [`EngineOptions::pass_threads`] and [`EngineOptions::pass_trace`], for the pass threads.
+    pub(crate) pass_threads_fixed: Option<usize>,
+    pub(crate) pass_trace: bool,
     /// The verify-pass cost fit, carried from request to request ([`yomi_spec::PassCost`]).
     pub(crate) pass_cost: std::sync::Mutex<yomi_spec::PassCost>,
 }
@@ -95,9 +121,14 @@ impl Engine {
             }
             pb = pb.num_threads(n);
         }
+        if opts.pass_threads == Some(0) {
+            bail!("the fixed pass thread count must be at least 1");
+        }
         let pool = pb.build().context("cannot start the kernel thread pool")?;
         let mut model = model;
-        model.pack_for_cpu();
+        if opts.quant_pack {
+            model.pack_for_cpu();
+        }
         model.kv_dtype = opts.kv_cache.unwrap_or(KvDtype::F16);
         Ok(Engine {
             model,
@@ -109,6 +140,8 @@ impl Engine {
             path: path.to_path_buf(),
             pool,
             pass_threads: std::sync::Mutex::new(None),
+            pass_threads_fixed: opts.pass_threads,
+            pass_trace: opts.pass_trace,
             pass_cost: std::sync::Mutex::new(Default::default()),
         })
     }
@@ -128,7 +161,8 @@ impl Engine {
     }
 
     /// Where the model's passes run, in words: the accelerator's description, or the CPU with
-    /// its kernels' instruction set (see `YOMI_CPU_ISA`), kernel threads and cache type.
+    /// its kernels' instruction set (see `yomi_cpu::CpuOptions::isa_cap`), kernel threads and
+    /// cache type.
     pub fn device(&self) -> String {
         match &self.model.accel {
             Some(a) => a.describe(),

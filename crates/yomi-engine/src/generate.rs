@@ -448,7 +448,13 @@ impl Engine {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .take()
-                .unwrap_or_else(|| PassThreads::new(rayon::current_num_threads()))
+                .unwrap_or_else(|| {
+                    PassThreads::new(
+                        rayon::current_num_threads(),
+                        self.pass_threads_fixed,
+                        self.pass_trace,
+                    )
+                })
         });
         // The token after the prompt.
         let mut next = rows

@@ -11,9 +11,10 @@
 //! one-shot `yomi run` otherwise lost up to ~30 ms of a 540 ms drafted generation to
 //! multi-row passes measured on one thread (a 5–8-row pass 12.5 ms against 6.7 on two).
 //!
-//! Two environment variables serve benchmarks and diagnosis: `YOMI_PASS_THREADS=N` runs every
-//! pass on N threads (no measuring), and `YOMI_PASS_TRACE=1` prints each pass's rows, threads
-//! and time to stderr (`pass rows=T threads=N us=…`).
+//! Two options serve benchmarks and diagnosis ([`crate::EngineOptions::pass_threads`] and
+//! [`crate::EngineOptions::pass_trace`]; the `yomi` binary's `YOMI_PASS_THREADS=N` and
+//! `YOMI_PASS_TRACE=1`): a fixed count runs every pass on N threads (no measuring), and the
+//! trace prints each pass's rows, threads and time to stderr (`pass rows=T threads=N us=…`).
 
 use crate::thread_choice::ThreadChoice;
 
@@ -24,22 +25,15 @@ const GROUPS: [usize; 4] = [1, 4, 8, 16];
 #[derive(Clone, Debug)]
 pub struct PassThreads {
     groups: Vec<ThreadChoice>,
-    /// `YOMI_PASS_THREADS`: every pass on this many threads.
+    /// Every pass on this many threads ([`crate::EngineOptions::pass_threads`]).
     fixed: Option<usize>,
     trace: bool,
 }
 
 impl PassThreads {
-    /// For a pool of `all` threads, with the environment's overrides.
-    pub fn new(all: usize) -> Self {
-        let fixed = std::env::var("YOMI_PASS_THREADS").ok().and_then(|v| {
-            let n = v.trim().parse::<usize>().ok().filter(|&n| n > 0);
-            if n.is_none() {
-                eprintln!("yomi: ignoring YOMI_PASS_THREADS={v:?}: not a positive integer");
-            }
-            n
-        });
-        let trace = std::env::var("YOMI_PASS_TRACE").is_ok_and(|v| v.trim() == "1");
+    /// For a pool of `all` threads; `fixed` runs every pass on that many threads, `trace`
+    /// prints each pass.
+    pub fn new(all: usize, fixed: Option<usize>, trace: bool) -> Self {
         PassThreads {
             groups: Self::groups(all),
             fixed,

@@ -38,6 +38,7 @@ fn engine_at(path: &std::path::Path) -> Engine {
         context_size: Some(1024),
         threads: Some(1),
         kv_cache: Some(yomi_models::KvDtype::F32),
+        ..Default::default()
     };
     let mut e = Engine::load(path, &opts, &mut |_, _| {}).expect("load");
     e.eos_token_ids.clear();

@@ -38,6 +38,7 @@ fn engine_kv(path: PathBuf, context_size: usize, kv_cache: Option<KvDtype>) -> E
         context_size: Some(context_size),
         threads: None,
         kv_cache,
+        ..Default::default()
     };
     Engine::load(&path, &opts, &mut |_, _| {}).expect("load engine")
 }

@@ -16,6 +16,7 @@ fn tiny_engine() -> Engine {
         context_size: Some(1024),
         threads: None,
         kv_cache: None,
+        ..Default::default()
     };
     let mut e = Engine::load(&path, &opts, &mut |_, _| {}).expect("load engine");
     e.eos_token_ids.clear();

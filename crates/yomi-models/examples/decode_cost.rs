@@ -9,7 +9,12 @@ use yomi_core::TreeBatch;
 use yomi_models::loader::load_hf_dir;
 use yomi_models::{LogitRows, State};
 
+/// The `yomi` binary's CPU switches (`YOMI_CPU_ISA`, `YOMI_QUANT_*`), read as it reads them.
+#[path = "../../yomi-cpu/examples/common/options.rs"]
+mod cpu_options;
+
 fn main() -> anyhow::Result<()> {
+    cpu_options::configure_from_env();
     let mut args = std::env::args().skip(1);
     let dir = args
         .next()

@@ -27,7 +27,8 @@
 //! one-block-per-register int8 kernels had (tok/s medians, alternating runs: old int8 / paired
 //! int8 / paired int8×2 = 136 / 142 / 134, 85 / 90 / 84 on a busier minute), i.e. ~5% below
 //! paired int8; hot Q8_0/Q4_0/Q4_1 kernels +20–25% over paired int8, the K-quants +35–50%.
-//! `YOMI_QUANT_ACT=int8` or [`set_precision`] selects int8.
+//! [`crate::CpuOptions::quant_act`] (`YOMI_QUANT_ACT=int8` in the `yomi` binary) or
+//! [`set_precision`] selects int8.
 //!
 //! The instruction set is chosen once per process ([`Isa::detect`]): AVX-512-VNNI, then
 //! AVX-VNNI, then AVX2 (+FMA, F16C), then portable scalar.
@@ -36,8 +37,9 @@
 //! (weight row, activation row) **bitwise** the result of the one-row [`Kernel::dot`], whatever
 //! T and whichever rows share the call: speculative decoding verifies T rows and must
 //! reproduce plain decoding exactly. The SIMD kernels share each unpacked weight block between a
-//! register tile of activation rows (see [`x86`]); `YOMI_QUANT_ROWS=per-row` or
-//! [`Kernel::with_row_tiling`] selects the untiled path (same bits, for measurements).
+//! register tile of activation rows (see [`x86`]); [`crate::CpuOptions::quant_row_tiling`]
+//! (`YOMI_QUANT_ROWS=per-row`) or [`Kernel::with_row_tiling`] selects the untiled path (same
+//! bits, for measurements).
 
 pub mod act;
 mod act_shared;
@@ -349,24 +351,13 @@ impl Precision {
     }
 
     /// The process-wide precision of [`Kernel::best`] and [`Kernel::new`]: the last
-    /// [`set_precision`], else `YOMI_QUANT_ACT` (`int8` or `int8x2`, read once), else
-    /// [`Precision::Int8x2`].
+    /// [`set_precision`], else [`crate::CpuOptions::quant_act`] (default
+    /// [`Precision::Int8x2`]).
     pub fn current() -> Precision {
         match PRECISION.load(Ordering::Relaxed) {
             0 => Precision::Int8,
             1 => Precision::Int8x2,
-            _ => {
-                static ENV: OnceLock<Precision> = OnceLock::new();
-                *ENV.get_or_init(|| match std::env::var("YOMI_QUANT_ACT") {
-                    Err(_) => Precision::Int8x2,
-                    Ok(v) => Precision::from_name(v.trim()).unwrap_or_else(|| {
-                        eprintln!(
-                            "yomi: ignoring YOMI_QUANT_ACT={v:?} (expected int8 or int8x2); using int8x2"
-                        );
-                        Precision::Int8x2
-                    }),
-                })
-            }
+            _ => crate::options().quant_act,
         }
     }
 }
@@ -377,41 +368,13 @@ impl fmt::Display for Precision {
     }
 }
 
-/// 0 = Int8, 1 = Int8x2, anything else = not set (use the environment / default).
+/// 0 = Int8, 1 = Int8x2, anything else = not set (use the options).
 static PRECISION: AtomicU8 = AtomicU8::new(u8::MAX);
 
 /// Sets the process-wide activation precision (see [`Precision::current`]); kernels already
 /// made keep theirs.
 pub fn set_precision(p: Precision) {
     PRECISION.store(p as u8, Ordering::Relaxed);
-}
-
-/// An on/off environment switch: `off_word` turns it off, `on_word` or nothing leaves it on,
-/// anything else is reported once and ignored (on).
-fn env_switch(key: &str, off_word: &str, on_word: &str) -> bool {
-    match std::env::var(key) {
-        Ok(v) if v.trim() == off_word => false,
-        Ok(v) if v.trim() != on_word => {
-            eprintln!("yomi: ignoring {key}={v:?} (expected {off_word} or {on_word}); {on_word}");
-            true
-        }
-        _ => true,
-    }
-}
-
-/// `YOMI_QUANT_ROWS` (read once): `per-row` turns multi-row tiling off, anything else (or
-/// nothing) leaves it on.
-fn row_tiling_default() -> bool {
-    static ENV: OnceLock<bool> = OnceLock::new();
-    *ENV.get_or_init(|| env_switch("YOMI_QUANT_ROWS", "per-row", "tiled"))
-}
-
-/// `YOMI_QUANT_AMX` (read once): `off` keeps [`Kernel::best`] and [`Kernel::new`] off the
-/// AMX tile kernel of the packed layout (see [`amx`]); anything else (or nothing) uses it where
-/// the CPU and the OS allow.
-fn amx_default() -> bool {
-    static ENV: OnceLock<bool> = OnceLock::new();
-    *ENV.get_or_init(|| env_switch("YOMI_QUANT_AMX", "off", "on"))
 }
 
 /// Whether AMX can run the packed kernels next to `isa` (only with AVX-512-VNNI, whose
@@ -462,8 +425,8 @@ impl Kernel {
         isa.is_supported().then(|| Kernel {
             isa,
             precision: Precision::current(),
-            row_tiling: row_tiling_default(),
-            amx: amx_default() && amx_supported(isa),
+            row_tiling: crate::options().quant_row_tiling,
+            amx: crate::options().amx && amx_supported(isa),
         })
     }
 
@@ -473,8 +436,8 @@ impl Kernel {
         Kernel {
             isa,
             precision: Precision::current(),
-            row_tiling: row_tiling_default(),
-            amx: amx_default() && amx_supported(isa),
+            row_tiling: crate::options().quant_row_tiling,
+            amx: crate::options().amx && amx_supported(isa),
         }
     }
 
@@ -490,7 +453,8 @@ impl Kernel {
     }
 
     /// Whether T > 1 rows go through [`Kernel::dot_block`] tiles (default on;
-    /// `YOMI_QUANT_ROWS=per-row` turns it off for [`Kernel::best`] and [`Kernel::new`]).
+    /// [`crate::CpuOptions::quant_row_tiling`] turns it off for [`Kernel::best`] and
+    /// [`Kernel::new`]).
     pub fn row_tiling(self) -> bool {
         self.row_tiling
     }
@@ -506,7 +470,7 @@ impl Kernel {
     }
 
     /// Whether [`Kernel::packed_group`] uses the AMX tiles for [`amx::MIN_ROWS`] or more
-    /// activation rows (default: wherever available, unless `YOMI_QUANT_AMX=off`).
+    /// activation rows (default: wherever available, unless [`crate::CpuOptions::amx`] is off).
     pub fn amx(self) -> bool {
         self.amx
     }

@@ -1,0 +1,260 @@
+//! Every environment variable `yomi` reads, read once at start-up ([`Settings::from_env`], in
+//! `main`, before any command runs) into typed options for the crates: the libraries read no
+//! environment. Apart from `YOMI_API_KEY` these are switches for measuring, not for everyday
+//! use (README, "Switches for measuring"); unset or empty means the default, and a value outside
+//! those listed stops `yomi` with a one-line error.
+//!
+//! | variable | values (default first) | meaning | option |
+//! |---|---|---|---|
+//! | `YOMI_CPU_ISA` | unset, `avx512`, `avx-vnni`, `avx2`, `portable` | a ceiling on the instruction sets of every CPU kernel (unset: none), e.g. to measure on an AVX-512 machine what an AVX2-only CPU runs; same output, other speed | [`yomi_cpu::CpuOptions::isa_cap`] |
+//! | `YOMI_QUANT_ACT` | `int8x2`, `int8` | activations of the quantized CPU kernels: two int8 planes (~16 bits) or one | [`yomi_cpu::CpuOptions::quant_act`] |
+//! | `YOMI_QUANT_ROWS` | `tiled`, `per-row` | the quantized CPU kernels share each weight block between a tile of activation rows, or dot each row on its own (same bits) | [`yomi_cpu::CpuOptions::quant_row_tiling`] |
+//! | `YOMI_QUANT_AMX` | `on`, `off` | the packed CPU kernels run 5 or more activation rows on the Intel AMX tiles where the CPU and Linux allow it (same bits) | [`yomi_cpu::CpuOptions::amx`] |
+//! | `YOMI_QUANT_PACK` | `on`, `off` | Q8_0/Q4_0/Q4_1 weights regrouped 16 rows at a time for the CPU's packed kernels, or kept in GGML row order | [`yomi_engine::EngineOptions::quant_pack`] |
+//! | `YOMI_PASS_THREADS` | unset, a count ≥ 1 | every CPU pass on this many threads (unset: each size of pass on the count that measures fastest) | [`yomi_engine::EngineOptions::pass_threads`] |
+//! | `YOMI_PASS_TRACE` | `0`, `1` | print each CPU pass's rows, threads and time to stderr (`pass rows=T threads=N us=…`) | [`yomi_engine::EngineOptions::pass_trace`] |
+//! | `YOMI_API_KEY` | unset, a key | the bearer token of `serve` (required on `/v1/*`) and `bench` (sent) when `--api-key` is not given | [`Settings::api_key`] |
+
+use std::ffi::OsString;
+
+use anyhow::{Result, bail};
+use yomi_cpu::CpuOptions;
+use yomi_cpu::isa_cap::IsaLevel;
+use yomi_cpu::quant::Precision;
+
+/// What the environment says, read once.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The CPU kernels' process-wide options (installed by [`Settings::install`]).
+    pub cpu: CpuOptions,
+    /// `YOMI_QUANT_PACK`, for [`yomi_engine::EngineOptions::quant_pack`].
+    pub quant_pack: bool,
+    /// `YOMI_PASS_THREADS`, for [`yomi_engine::EngineOptions::pass_threads`].
+    pub pass_threads: Option<usize>,
+    /// `YOMI_PASS_TRACE`, for [`yomi_engine::EngineOptions::pass_trace`].
+    pub pass_trace: bool,
+    /// `YOMI_API_KEY`: the default of `serve`'s and `bench`'s `--api-key`.
+    pub api_key: Option<String>,
+}
+
+impl Default for Settings {
+    /// Every variable unset.
+    fn default() -> Self {
+        Settings {
+            cpu: CpuOptions::default(),
+            quant_pack: true,
+            pass_threads: None,
+            pass_trace: false,
+            api_key: None,
+        }
+    }
+}
+
+impl Settings {
+    /// Reads every variable of the table above, each once.
+    pub fn from_env() -> Result<Settings> {
+        Self::from_lookup(|name| std::env::var_os(name))
+    }
+
+    /// [`Settings::from_env`] over any source of values (the tests' maps).
+    fn from_lookup(get: impl Fn(&str) -> Option<OsString>) -> Result<Settings> {
+        let var = |name: &str| -> Result<Option<String>> {
+            match get(name) {
+                None => Ok(None),
+                Some(v) => match v.into_string() {
+                    Ok(s) if s.trim().is_empty() => Ok(None),
+                    Ok(s) => Ok(Some(s)),
+                    Err(v) => bail!("{name}={v:?} is not UTF-8"),
+                },
+            }
+        };
+        let mut s = Settings::default();
+        if let Some(v) = var("YOMI_CPU_ISA")? {
+            s.cpu.isa_cap = IsaLevel::from_name(&v)
+                .ok_or_else(|| bad("YOMI_CPU_ISA", &v, "portable, avx2, avx-vnni or avx512"))?;
+        }
+        if let Some(v) = var("YOMI_QUANT_ACT")? {
+            s.cpu.quant_act = Precision::from_name(v.trim())
+                .ok_or_else(|| bad("YOMI_QUANT_ACT", &v, "int8x2 or int8"))?;
+        }
+        if let Some(v) = var("YOMI_QUANT_ROWS")? {
+            s.cpu.quant_row_tiling = word("YOMI_QUANT_ROWS", &v, "tiled", "per-row")?;
+        }
+        if let Some(v) = var("YOMI_QUANT_AMX")? {
+            s.cpu.amx = word("YOMI_QUANT_AMX", &v, "on", "off")?;
+        }
+        if let Some(v) = var("YOMI_QUANT_PACK")? {
+            s.quant_pack = word("YOMI_QUANT_PACK", &v, "on", "off")?;
+        }
+        if let Some(v) = var("YOMI_PASS_THREADS")? {
+            let n = v.trim().parse::<usize>().ok().filter(|&n| n > 0);
+            s.pass_threads = Some(n.ok_or_else(|| bad("YOMI_PASS_THREADS", &v, "a count ≥ 1"))?);
+        }
+        if let Some(v) = var("YOMI_PASS_TRACE")? {
+            s.pass_trace = flag("YOMI_PASS_TRACE", &v)?;
+        }
+        s.api_key = var("YOMI_API_KEY")?;
+        Ok(s)
+    }
+
+    /// Installs the process-wide options (the CPU kernels'); before any kernel runs.
+    pub fn install(&self) -> Result<()> {
+        yomi_cpu::configure(self.cpu)?;
+        Ok(())
+    }
+}
+
+fn bad(name: &str, v: &str, want: &str) -> anyhow::Error {
+    anyhow::anyhow!("{name}={v:?}: expected {want}")
+}
+
+/// A two-word switch: `on` gives true, `off` false (surrounding spaces ignored).
+fn word(name: &str, v: &str, on: &str, off: &str) -> Result<bool> {
+    match v.trim() {
+        w if w == on => Ok(true),
+        w if w == off => Ok(false),
+        _ => Err(bad(name, v, &format!("{on} or {off}"))),
+    }
+}
+
+/// A 0/1 switch (surrounding spaces ignored).
+fn flag(name: &str, v: &str) -> Result<bool> {
+    match v.trim() {
+        "1" => Ok(true),
+        "0" => Ok(false),
+        _ => Err(bad(name, v, "0 or 1")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn read(vars: &[(&str, &str)]) -> Result<Settings> {
+        let m: HashMap<String, OsString> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), OsString::from(v)))
+            .collect();
+        Settings::from_lookup(|k| m.get(k).cloned())
+    }
+
+    fn err(vars: &[(&str, &str)]) -> String {
+        format!("{:#}", read(vars).expect_err("a bad value"))
+    }
+
+    #[test]
+    fn nothing_set_is_every_default() {
+        let s = read(&[]).unwrap();
+        assert_eq!(s.cpu, CpuOptions::default());
+        assert!(s.quant_pack && !s.pass_trace);
+        assert_eq!(s.pass_threads, None);
+        assert_eq!(s.api_key, None);
+    }
+
+    #[test]
+    fn empty_is_unset() {
+        let names = [
+            "YOMI_CPU_ISA",
+            "YOMI_QUANT_ACT",
+            "YOMI_QUANT_ROWS",
+            "YOMI_QUANT_AMX",
+            "YOMI_QUANT_PACK",
+            "YOMI_PASS_THREADS",
+            "YOMI_PASS_TRACE",
+            "YOMI_API_KEY",
+        ];
+        let vars: Vec<(&str, &str)> = names.iter().map(|n| (*n, " ")).collect();
+        let s = read(&vars).unwrap();
+        assert_eq!(s.cpu, CpuOptions::default());
+        assert!(s.quant_pack && !s.pass_trace);
+        assert_eq!(s.pass_threads, None);
+        assert_eq!(s.api_key, None);
+    }
+
+    #[test]
+    fn engine_switches() {
+        let s = read(&[
+            ("YOMI_QUANT_PACK", "off"),
+            ("YOMI_PASS_THREADS", " 3 "),
+            ("YOMI_PASS_TRACE", "1"),
+        ])
+        .unwrap();
+        assert!(!s.quant_pack && s.pass_trace);
+        assert_eq!(s.pass_threads, Some(3));
+        let s = read(&[("YOMI_QUANT_PACK", "on"), ("YOMI_PASS_TRACE", "0")]).unwrap();
+        assert!(s.quant_pack && !s.pass_trace);
+    }
+
+    #[test]
+    fn cpu_switches() {
+        let s = read(&[
+            ("YOMI_CPU_ISA", " AVX2 "),
+            ("YOMI_QUANT_ACT", "int8"),
+            ("YOMI_QUANT_ROWS", "per-row"),
+            ("YOMI_QUANT_AMX", "off"),
+            ("YOMI_API_KEY", "k"),
+        ])
+        .unwrap();
+        assert_eq!(
+            s.cpu,
+            CpuOptions {
+                isa_cap: IsaLevel::Avx2,
+                quant_act: Precision::Int8,
+                quant_row_tiling: false,
+                amx: false,
+            }
+        );
+        assert_eq!(s.api_key.as_deref(), Some("k"));
+        let s = read(&[("YOMI_QUANT_ROWS", "tiled"), ("YOMI_QUANT_AMX", "on")]).unwrap();
+        assert_eq!(s.cpu, CpuOptions::default());
+    }
+
+    #[test]
+    fn bad_values_are_one_line_errors() {
+        for (name, value, want) in [
+            (
+                "YOMI_CPU_ISA",
+                "sse4",
+                "YOMI_CPU_ISA=\"sse4\": expected portable, avx2, avx-vnni or avx512",
+            ),
+            (
+                "YOMI_QUANT_ACT",
+                "int4",
+                "YOMI_QUANT_ACT=\"int4\": expected int8x2 or int8",
+            ),
+            (
+                "YOMI_QUANT_ROWS",
+                "rows",
+                "YOMI_QUANT_ROWS=\"rows\": expected tiled or per-row",
+            ),
+            (
+                "YOMI_QUANT_AMX",
+                "0",
+                "YOMI_QUANT_AMX=\"0\": expected on or off",
+            ),
+            (
+                "YOMI_QUANT_PACK",
+                "no",
+                "YOMI_QUANT_PACK=\"no\": expected on or off",
+            ),
+            (
+                "YOMI_PASS_THREADS",
+                "0",
+                "YOMI_PASS_THREADS=\"0\": expected a count ≥ 1",
+            ),
+            (
+                "YOMI_PASS_THREADS",
+                "all",
+                "YOMI_PASS_THREADS=\"all\": expected a count ≥ 1",
+            ),
+            (
+                "YOMI_PASS_TRACE",
+                "yes",
+                "YOMI_PASS_TRACE=\"yes\": expected 0 or 1",
+            ),
+        ] {
+            assert_eq!(err(&[(name, value)]), want);
+        }
+    }
+}
