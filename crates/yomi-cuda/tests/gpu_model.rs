@@ -20,7 +20,7 @@ use yomi_core::{Sampler, SamplerParams, TreeBatch};
 use yomi_engine::generate::DraftMode;
 use yomi_engine::stats::StatsRecorder;
 use yomi_engine::{Engine, EngineOptions, GenerateParams, Generation};
-use yomi_models::{LogitRows, Model, State};
+use yomi_models::{HiddenTaps, KvDtype, LogitRows, Model, State};
 use yomi_spec::{DraftTree, Drafter};
 
 /// The repository root: `$YOMI_REPO` (a binary run on another machine), else where it was built.
@@ -44,10 +44,14 @@ fn test_data(name: &str) -> PathBuf {
     repo().join("tests/data").join(name)
 }
 
+/// An engine with an f32 K/V cache on the CPU (the CPU's default f16 cache rounds every
+/// cached value to 11 significant bits, ~1e-3 on these logits: the GPU-vs-CPU bounds below are
+/// for the exact cache).
 fn engine(path: &Path, ctx: usize) -> Engine {
     let opts = EngineOptions {
         context_size: Some(ctx),
         threads: None,
+        kv_cache: Some(KvDtype::F32),
         ..Default::default()
     };
     Engine::load(path, &opts, &mut |_, _| {}).expect("load engine")
@@ -161,6 +165,47 @@ fn greedy(m: &Model, st: &mut State, first_logits: &[f32], n: usize) -> (Vec<u32
     (ids, all)
 }
 
+/// Hidden-state taps over the prompt (every point, every row): the GPU's equal HF's
+/// `hidden_states.i` within 2e-4 and the CPU's within 1e-4 (the logits' bounds); the same
+/// taps through chunk passes (logits of the last row only: the layer-major path for prompts
+/// over 32 rows) equal the sub-passes' within 1e-4.
+fn check_taps(name: &str, r: &Reference, cpu: &Engine, gpu: &Engine, prompt: &[u32]) {
+    let layers = cpu.model.layers.len();
+    let chain = TreeBatch::chain(prompt.len());
+    let run = |e: &Engine, which: LogitRows| {
+        let mut st = e.new_state();
+        let mut taps = HiddenTaps::all(layers);
+        let mut logits = Vec::new();
+        e.model
+            .forward_with(&mut st, prompt, &chain, which, &mut logits, Some(&mut taps))
+            .expect("tapped pass");
+        taps
+    };
+    let (g, c, g_last) = (
+        run(gpu, LogitRows::All),
+        run(cpu, LogitRows::All),
+        run(gpu, LogitRows::Last),
+    );
+    let (mut hf, mut vs_cpu, mut vs_chunk) = (0f32, 0f32, 0f32);
+    for i in 0..=layers {
+        let gi = g.get(i).expect("tapped");
+        if let Some(want) = r.f32s.get(&format!("hidden_states.{i}")) {
+            hf = hf.max(max_abs_diff(gi, want));
+        }
+        vs_cpu = vs_cpu.max(max_abs_diff(gi, c.get(i).expect("tapped")));
+        vs_chunk = vs_chunk.max(max_abs_diff(gi, g_last.get(i).expect("tapped")));
+    }
+    println!(
+        "RESULT {name} hidden states at {} points: max|gpu-hf| {hf:.2e}, max|gpu-cpu| \
+         {vs_cpu:.2e}, max|sub-passes - chunk passes| {vs_chunk:.2e}",
+        layers + 1
+    );
+    assert!(
+        hf <= 2e-4 && vs_cpu <= 1e-4 && vs_chunk <= 1e-4,
+        "{name}: hidden states"
+    );
+}
+
 /// Prefill, greedy decode, one long chain (sub-passes), the HF draft tree and a commit of one of
 /// its paths, each on the GPU against HF's reference and the CPU.
 fn check_against_reference(name: &str, dir: &Path, has_tree: bool) {
@@ -179,6 +224,8 @@ fn check_against_reference(name: &str, dir: &Path, has_tree: bool) {
     let vs_cpu = max_abs_diff(&g_pre, &c_pre);
     println!("RESULT {name} prefill T={t}: max|gpu-hf| {hf:.2e}, max|gpu-cpu| {vs_cpu:.2e}");
     assert!(hf <= 2e-4 && vs_cpu <= 1e-4, "{name}: prefill logits");
+
+    check_taps(name, &r, &cpu, &gpu, &prompt);
 
     let greedy_ref = r.ids("greedy_ids");
     let n = greedy_ref.len();
@@ -489,6 +536,97 @@ fn device_candidates_equal_full_logit_sampling_on_gpu() {
             );
         }
     }
+}
+
+/// The prefix cache on GPU states (`yomi_cuda::model::prefix`: K/V rows and recurrent states
+/// copied out and back in) gives the cold run's output, greedy and seeded, for requests that
+/// share a prompt, continue an earlier output (a chat turn), share a prefix, or share nothing;
+/// at least three of the five resume. Cold and resumed runs are GPU runs whose prompt tails
+/// are prefilled in other pieces, so this also checks that the kernels do not depend on how
+/// rows are batched.
+fn check_prefix_cache_on_gpu(path: &Path) {
+    use yomi_engine::generate::NoHooks;
+    use yomi_engine::prefix_cache::{PrefixCache, PrefixCacheConfig};
+    let (_, mut gpu) = pair(path, 2048);
+    gpu.eos_token_ids.clear();
+    let v = gpu.model.cfg.vocab_size;
+    let base: Vec<u32> = (0..300)
+        .map(|i| ((i * 37 + 11) % (v - 5) + 5) as u32)
+        .collect();
+    let seeded = SamplerParams {
+        temperature: 0.7,
+        top_p: 0.9,
+        seed: 5,
+        ..Default::default()
+    };
+    let name = path.file_name().unwrap().to_string_lossy().to_string();
+    for (what, sampler) in [("greedy", SamplerParams::greedy()), ("seeded", seeded)] {
+        let p = GenerateParams {
+            max_tokens: 40,
+            ..params(DraftMode::Suffix, sampler)
+        };
+        let mut cache = PrefixCache::new(PrefixCacheConfig {
+            snapshot_interval: 256,
+            ..Default::default()
+        });
+        let mut st = gpu.new_state();
+        let mut cached = |ids: &[u32], st: &mut State| {
+            gpu.generate_cached(
+                Some(&mut cache),
+                st,
+                ids,
+                &p,
+                None,
+                StatsRecorder::start(),
+                &mut NoHooks,
+                &mut |_| true,
+            )
+            .expect("generate")
+        };
+        let first = cached(&base, &mut st);
+        let mut turn = base.clone();
+        turn.extend_from_slice(&first.output_ids);
+        turn.extend_from_slice(&[7, 8, 9]);
+        let mut shared = base[..270].to_vec();
+        shared.extend_from_slice(&[9, 10, 11, 12]);
+        let other: Vec<u32> = (0..90)
+            .map(|i| ((i * 13 + 1) % (v - 5) + 5) as u32)
+            .collect();
+        let mut hits = 0;
+        for ids in [&base, &turn, &shared, &other, &base] {
+            let got = cached(ids, &mut st);
+            hits += usize::from(got.cached_tokens > 0);
+            let mut cold_st = gpu.new_state();
+            let cold = gpu
+                .generate(&mut cold_st, ids, &p, StatsRecorder::start(), &mut |_| true)
+                .expect("generate");
+            assert_eq!(
+                got.output_ids, cold.output_ids,
+                "{name} {what}: {} cached tokens",
+                got.cached_tokens
+            );
+        }
+        println!(
+            "RESULT {name} {what}: prefix cache on the GPU == cold for 5 requests, {hits} resumed"
+        );
+        assert!(hits >= 3, "{name} {what}: only {hits} requests resumed");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn prefix_cache_on_gpu_gives_the_cold_output() {
+    check_prefix_cache_on_gpu(&fixture("qwen35-tiny"));
+    check_prefix_cache_on_gpu(&test_data("llama-tiny"));
+}
+
+#[test]
+#[ignore = "needs a CUDA device and YOMI_SMOLLM2"]
+fn prefix_cache_on_gpu_gives_the_cold_output_on_smollm2() {
+    let Some(path) = std::env::var_os("YOMI_SMOLLM2").map(PathBuf::from) else {
+        panic!("set YOMI_SMOLLM2 to SmolLM2-135M-Instruct.Q4_1.gguf");
+    };
+    check_prefix_cache_on_gpu(&path);
 }
 
 /// SmolLM2-135M Q4_1 (the README's model): GPU vs the CPU's dequantized-f32 path on the
