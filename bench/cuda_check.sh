@@ -37,7 +37,8 @@ for line in sys.stdin:
         d = json.loads(line)
     except ValueError:
         continue
-    if d.get("reason") == "compiler-artifact" and d.get("executable"):
+    # Test harnesses only (cargo also reports the examples it builds).
+    if d.get("reason") == "compiler-artifact" and d.get("executable") and d["profile"]["test"]:
         t = d["target"]
         name = "lib" if "lib" in t["kind"] else t["name"]
         print(name, d["executable"])
