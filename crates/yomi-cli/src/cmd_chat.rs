@@ -6,7 +6,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use std::io::{BufRead, IsTerminal, Write};
 use std::sync::Mutex;
-use yomi_engine::generate::{DraftMode, GenerateHooks};
+use yomi_engine::generate::GenerateHooks;
 use yomi_engine::prefix_cache::{PrefixCache, PrefixCacheConfig};
 use yomi_engine::stats::{GenerationStats, StatsRecorder};
 use yomi_engine::template::ChatMessage;
@@ -14,7 +14,7 @@ use yomi_engine::{Engine, GenerateParams};
 use yomi_server::reasoning::{
     ReasoningSplitter, Split, THINK_CLOSE, THINK_OPEN, prompt_opens_thinking,
 };
-use yomi_spec::{Drafter, SuffixDrafter};
+use yomi_spec::Drafter;
 
 use crate::common::{DraftArgs, ModelArgs, SamplingArgs, load_engine};
 use crate::settings::Settings;
@@ -156,7 +156,7 @@ pub fn run(a: ChatArgs, settings: &Settings) -> Result<()> {
     let enable_thinking = a.no_think.then_some(false);
     let mut cache = (!a.no_prefix_cache).then(|| PrefixCache::new(PrefixCacheConfig::default()));
     let mut state = engine.new_state();
-    let mut drafter = (draft != DraftMode::None).then(SuffixDrafter::default);
+    let mut drafter = engine.new_drafter(draft);
     let think_open = special_token(&engine, THINK_OPEN);
     let think_close = special_token(&engine, THINK_CLOSE);
     let styled = std::io::stdout().is_terminal();
@@ -265,7 +265,7 @@ pub fn run(a: ChatArgs, settings: &Settings) -> Result<()> {
             close: think_close,
         };
         let d: Option<&mut dyn Drafter> = match &mut drafter {
-            Some(d) => Some(d),
+            Some(d) => Some(d.as_mut()),
             None => None,
         };
         let result = engine.generate_cached(

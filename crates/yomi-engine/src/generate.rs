@@ -4,14 +4,15 @@
 //! path with position-seeded noise, commits that path and streams its tokens and the bonus
 //! token. There is one loop; a drafter only changes the tree, never the output.
 
-use std::fmt;
-use std::str::FromStr;
 use std::time::Instant;
 
 use anyhow::{Result, bail};
 use yomi_core::{Sampler, SamplerParams, TopRows, TreeBatch};
-use yomi_models::{LogitRows, Model, State};
-use yomi_spec::{DraftTree, Drafter, SuffixDrafter, accept_with};
+use yomi_models::{HiddenTaps, LogitRows, Model, State};
+use yomi_spec::{DraftTree, Drafter, accept_with};
+
+pub use crate::drafting::DraftMode;
+use yomi_spec::PassCost;
 
 use crate::engine::Engine;
 use crate::pass_threads::PassThreads;
@@ -34,48 +35,6 @@ pub fn prefill_rows(model: &Model) -> usize {
 pub const DEFAULT_DRAFT_BUDGET: usize = 16;
 /// The largest draft budget accepted.
 pub const MAX_DRAFT_BUDGET: usize = 64;
-
-/// Which drafter proposes the tokens each pass verifies.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum DraftMode {
-    /// Plain decoding: each pass verifies the pending token alone.
-    #[default]
-    None,
-    /// Model-free suffix matching over the prompt and output ([`SuffixDrafter`]).
-    Suffix,
-}
-
-impl DraftMode {
-    /// A fresh drafter for one request, or `None` for plain decoding.
-    pub fn drafter(self) -> Option<Box<dyn Drafter>> {
-        match self {
-            DraftMode::None => None,
-            DraftMode::Suffix => Some(Box::new(SuffixDrafter::default())),
-        }
-    }
-}
-
-impl FromStr for DraftMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "none" => Ok(DraftMode::None),
-            "suffix" => Ok(DraftMode::Suffix),
-            _ => Err(format!(
-                "unknown draft mode {s:?} (expected none or suffix)"
-            )),
-        }
-    }
-}
-
-impl fmt::Display for DraftMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            DraftMode::None => "none",
-            DraftMode::Suffix => "suffix",
-        })
-    }
-}
 
 #[derive(Clone, Debug)]
 pub struct GenerateParams {
@@ -207,7 +166,8 @@ impl RowSampler {
         }
     }
 
-    /// One pass over `tokens`/`tree` whose rows `which` selects are sampled next.
+    /// One pass over `tokens`/`tree` whose rows `which` selects are sampled next (and the
+    /// hidden states at `taps`' points).
     fn forward(
         &mut self,
         model: &Model,
@@ -215,12 +175,13 @@ impl RowSampler {
         tokens: &[u32],
         tree: &TreeBatch,
         which: LogitRows,
+        taps: Option<&mut HiddenTaps>,
     ) -> Result<()> {
         if self.ranked {
             let scale = self.sampler.params.logit_scale();
-            model.forward_top(st, tokens, tree, which, scale, &mut self.top, None)
+            model.forward_top(st, tokens, tree, which, scale, &mut self.top, taps)
         } else {
-            model.forward(st, tokens, tree, which, &mut self.logits)
+            model.forward_with(st, tokens, tree, which, &mut self.logits, taps)
         }
     }
 
@@ -244,6 +205,40 @@ impl RowSampler {
     }
 }
 
+/// What a pass of the loop reuses from pass to pass: the draft tree and its batch form, the
+/// accepted rows, and the verify-cost fit that sizes the trees.
+struct PassBuffers {
+    draft: DraftTree,
+    tree: TreeBatch,
+    accepted: Vec<usize>,
+    cost: PassCost,
+    curve: Vec<f32>,
+}
+
+/// Tells the drafter which rows the pass at position `c` committed, with their hidden states
+/// when it reads them (the accepted rows' rows of each tapped point).
+fn report_committed(d: &mut dyn Drafter, c: usize, pass: &PassBuffers, taps: Option<&HiddenTaps>) {
+    let tokens: Vec<u32> = pass
+        .accepted
+        .iter()
+        .map(|&r| pass.draft.tokens()[r])
+        .collect();
+    let gathered: Vec<Vec<f32>> = taps.map_or(Vec::new(), |t| {
+        t.hidden
+            .iter()
+            .map(|h| {
+                let w = h.len() / pass.draft.len().max(1);
+                pass.accepted
+                    .iter()
+                    .flat_map(|&r| h[r * w..(r + 1) * w].iter().copied())
+                    .collect()
+            })
+            .collect()
+    });
+    let hidden: Vec<&[f32]> = gathered.iter().map(Vec::as_slice).collect();
+    d.committed(c, &tokens, &hidden);
+}
+
 impl Engine {
     /// Generates from `prompt_ids` in `state` (which is reset first), drafting with
     /// `params.draft`. `stats` should have been started when the request arrived.
@@ -255,7 +250,7 @@ impl Engine {
         stats: StatsRecorder,
         on_text: &mut OnText,
     ) -> Result<Generation> {
-        let mut drafter = params.draft.drafter();
+        let mut drafter = self.new_drafter(params.draft);
         let drafter: Option<&mut dyn Drafter> = match &mut drafter {
             Some(d) => Some(d.as_mut()),
             None => None,
@@ -338,6 +333,9 @@ impl Engine {
         })
     }
 
+    /// One request: prefill, then passes of draft, verify (sample and accept), commit and
+    /// stream until a stop. Returns the output ids, the text, why it stopped and how many
+    /// prompt tokens were resumed.
     #[allow(clippy::too_many_arguments)]
     fn generate_inner(
         &self,
@@ -349,69 +347,28 @@ impl Engine {
         on_text: &mut OnText,
         from: Resume<'_>,
     ) -> Result<(Vec<u32>, String, FinishReason, usize)> {
-        let Resume {
-            keep_prefix,
-            logits: last_logits,
-            hooks,
-        } = from;
         let model = &self.model;
-        if prompt.is_empty() {
-            bail!("the prompt is empty");
-        }
-        if prompt.len() >= st.capacity() {
-            bail!(
-                "the prompt is {} tokens, which does not fit the context of {} tokens",
-                prompt.len(),
-                st.capacity()
-            );
-        }
-        // Resume from the committed prefix when it is one of the prompt (the whole prompt only
-        // with the logits after it), else start over.
         let v = model.cfg.vocab_size;
-        let cached = st.committed();
-        let resumable = keep_prefix
-            && cached > 0
-            && st.pending().is_none()
-            && prompt.starts_with(st.tokens())
-            && (cached < prompt.len() || last_logits.is_some_and(|l| l.len() == v));
-        let cached = if resumable {
-            cached
-        } else {
-            st.reset();
-            0
-        };
         if let Some(d) = drafter.as_deref_mut() {
             d.start_request();
         }
+        // The target's hidden states the drafter reads, tapped on every pass.
+        let mut taps = drafter
+            .as_deref()
+            .map(|d| d.hidden_points())
+            .filter(|p| !p.is_empty())
+            .map(|p| HiddenTaps::new(p.iter().copied()));
         stats.prefill_started();
-        let mut logits = Vec::with_capacity(model.cfg.vocab_size * 2);
-        let mut tree = TreeBatch::chain(0);
-        let mut accepted: Vec<usize> = Vec::with_capacity(MAX_DRAFT_BUDGET + 1);
-        if cached == prompt.len() {
-            logits.extend_from_slice(last_logits.expect("checked above"));
-        }
-        // Chunks end at multiples of the chunk size (absolute positions), so a resumed prefill
-        // runs the same passes a cold one would from that point. A device may ask for longer
-        // chunks (a multiple of PREFILL_CHUNK).
-        let chunk = prefill_rows(model);
-        let mut pos = cached;
-        while pos < prompt.len() {
-            let end = ((pos / chunk + 1) * chunk).min(prompt.len());
-            let part = &prompt[pos..end];
-            let last = end == prompt.len();
-            tree.set_chain(part.len());
-            let which = if last {
-                LogitRows::Last
-            } else {
-                LogitRows::None
-            };
-            model.forward(st, part, &tree, which, &mut logits)?;
-            accepted.clear();
-            accepted.extend(0..part.len());
-            model.commit(st, &accepted)?;
-            hooks.prefill_chunk(st, last.then(|| &logits[..v]));
-            pos = end;
-        }
+        let hooks = from.hooks;
+        let (cached, logits) = self.prefill(
+            st,
+            prompt,
+            from.keep_prefix,
+            from.logits,
+            hooks,
+            drafter.as_deref_mut(),
+            taps.as_mut(),
+        )?;
         stats.prefill_done(prompt.len() - cached);
 
         let mut rows = RowSampler::new(model, params.sampler.clone(), logits);
@@ -432,14 +389,18 @@ impl Engine {
         if params.max_tokens == 0 {
             return Ok((out.ids, out.text, FinishReason::Length, cached));
         }
-        let mut draft = DraftTree::with_capacity(MAX_DRAFT_BUDGET + 1);
-        // The pass-cost fit of earlier requests (the device's, see `pass_cost`).
-        let mut cost = self
-            .pass_cost
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let mut curve = Vec::with_capacity(MAX_DRAFT_BUDGET + 1);
+        let mut pass = PassBuffers {
+            draft: DraftTree::with_capacity(MAX_DRAFT_BUDGET + 1),
+            tree: TreeBatch::chain(0),
+            accepted: Vec::with_capacity(MAX_DRAFT_BUDGET + 1),
+            // The pass-cost fit of earlier requests (the device's, see `pass_cost`).
+            cost: self
+                .pass_cost
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            curve: Vec::with_capacity(MAX_DRAFT_BUDGET + 1),
+        };
         // CPU passes run on the thread count that measures fastest for their rows, with the
         // measurements of earlier requests (an accelerator's passes, and the host loops
         // around them, keep every thread).
@@ -466,63 +427,14 @@ impl Engine {
         while finish.is_none() {
             // One target pass over the tree rooted at the pending token `next`, at position c.
             let c = st.committed();
-            draft.reset(next);
-            let mut proposed = false;
-            if let Some(d) = drafter.as_deref_mut() {
-                // Every emitted token must fit: the pass emits at most depth + 1 tokens, the
-                // last at position c + depth + 1 ≤ capacity − 1, and its T rows need
-                // c + T ≤ capacity.
-                let room = st.capacity() - c;
-                let max_depth = (params.max_tokens - out.ids.len() - 1).min(room - 2);
-                let max_drafts = params
-                    .draft_budget
-                    .min(room - 1)
-                    .min(model.max_tree_rows() - 1);
-                if max_depth > 0 {
-                    cost.inform(d, max_drafts, &mut curve);
-                    d.propose(&out.context, max_drafts, &mut draft);
-                    if draft.root() != Some(next) {
-                        bail!("the drafter's tree is not rooted at the pending token");
-                    }
-                    draft.trim(max_drafts, max_depth as u32);
-                    proposed = true;
-                }
-            }
-            let rows_n = draft.len();
+            let proposed =
+                self.propose(drafter.as_deref_mut(), st, params, &out, next, &mut pass)?;
+            let rows_n = pass.draft.len();
             let n_threads = threads.as_ref().map_or(usize::MAX, |t| t.pick(rows_n));
             let probing = threads.as_ref().is_some_and(|t| t.probing(rows_n));
             let t0 = Instant::now();
-            let bonus = yomi_cpu::pool::with_threads(n_threads, || -> Result<u32> {
-                if rows_n == 1 {
-                    tree.set_chain(1);
-                    rows.forward(model, st, &[next], &tree, LogitRows::Last)?;
-                    accepted.clear();
-                    accepted.push(0);
-                    model.commit(st, &accepted)?;
-                    return rows.sample(model, st, 0, (c + 1) as u64);
-                }
-                draft.to_batch(&mut tree)?;
-                rows.forward(model, st, draft.tokens(), &tree, LogitRows::All)?;
-                // The walk takes plain tokens: a failed fetch of a row's logits stops it (no
-                // draft token equals u32::MAX) and is reported after.
-                let mut failed = None;
-                let bonus = accept_with(
-                    &tree,
-                    draft.tokens(),
-                    |r| {
-                        let pos = c + tree.depth(r) as usize + 1;
-                        rows.sample(model, st, r, pos as u64).unwrap_or_else(|e| {
-                            failed.get_or_insert(e);
-                            u32::MAX
-                        })
-                    },
-                    &mut accepted,
-                );
-                if let Some(e) = failed {
-                    return Err(e);
-                }
-                model.commit(st, &accepted)?;
-                Ok(bonus)
+            let bonus = yomi_cpu::pool::with_threads(n_threads, || {
+                self.verify(st, &mut rows, &mut pass, next, taps.as_mut())
             })?;
             let secs = t0.elapsed().as_secs_f64();
             if let Some(t) = threads.as_mut() {
@@ -530,13 +442,16 @@ impl Engine {
             }
             // A probe's time measures a thread count, not the pass's usual cost.
             if out.drafting && !probing {
-                cost.add(rows_n, secs);
+                pass.cost.add(rows_n, secs);
             }
-            if proposed && let Some(d) = drafter.as_deref_mut() {
-                d.observe(accepted.len() - 1, draft.num_drafts());
+            if let Some(d) = drafter.as_deref_mut() {
+                if proposed {
+                    d.observe(pass.accepted.len() - 1, pass.draft.num_drafts());
+                }
+                report_committed(d, c, &pass, taps.as_ref());
             }
-            // Emit the accepted drafts, then the bonus; the k-th sits at position c + k.
-            let drafts = accepted[1..].iter().map(|&r| draft.tokens()[r]);
+            // Stream the accepted drafts, then the bonus; the k-th sits at position c + k.
+            let drafts = pass.accepted[1..].iter().map(|&r| pass.draft.tokens()[r]);
             let mut emitted = 0;
             for (k, tok) in (1..).zip(drafts.chain(std::iter::once(bonus))) {
                 emitted += 1;
@@ -545,7 +460,7 @@ impl Engine {
                     break;
                 }
             }
-            stats.pass_drafted(draft.num_drafts());
+            stats.pass_drafted(pass.draft.num_drafts());
             stats.pass_emitted(emitted);
             next = bonus;
         }
@@ -553,23 +468,201 @@ impl Engine {
             *self.pass_threads.lock().unwrap_or_else(|e| e.into_inner()) = threads;
         }
         if out.drafting {
-            *self.pass_cost.lock().unwrap_or_else(|e| e.into_inner()) = cost;
+            *self.pass_cost.lock().unwrap_or_else(|e| e.into_inner()) = pass.cost;
         }
-        let mut finish = finish.unwrap_or(FinishReason::Length);
-        // Text held back (an incomplete character) comes out unless a stop string or the
-        // caller already ended the text.
+        let finish = self.end_text(
+            &mut out,
+            finish.unwrap_or(FinishReason::Length),
+            params,
+            on_text,
+        );
+        Ok((out.ids, out.text, finish, cached))
+    }
+
+    /// Prefills what the state does not hold of `prompt` in chunks, committing each. Resumes
+    /// from the committed prefix when `keep_prefix` and it is one of the prompt (the whole
+    /// prompt only with `last_logits`, the logits after it), else starts over. Returns the
+    /// tokens resumed and the logits after the prompt's last token.
+    #[allow(clippy::too_many_arguments)]
+    fn prefill<'d>(
+        &self,
+        st: &mut State,
+        prompt: &[u32],
+        keep_prefix: bool,
+        last_logits: Option<&[f32]>,
+        hooks: &mut dyn GenerateHooks,
+        mut drafter: Option<&mut (dyn Drafter + 'd)>,
+        mut taps: Option<&mut HiddenTaps>,
+    ) -> Result<(usize, Vec<f32>)> {
+        let model = &self.model;
+        if prompt.is_empty() {
+            bail!("the prompt is empty");
+        }
+        if prompt.len() >= st.capacity() {
+            bail!(
+                "the prompt is {} tokens, which does not fit the context of {} tokens",
+                prompt.len(),
+                st.capacity()
+            );
+        }
+        let v = model.cfg.vocab_size;
+        let cached = st.committed();
+        let resumable = keep_prefix
+            && cached > 0
+            && st.pending().is_none()
+            && prompt.starts_with(st.tokens())
+            && (cached < prompt.len() || last_logits.is_some_and(|l| l.len() == v));
+        let cached = if resumable {
+            cached
+        } else {
+            st.reset();
+            0
+        };
+        let mut logits = Vec::with_capacity(v * 2);
+        if cached == prompt.len() {
+            logits.extend_from_slice(last_logits.expect("checked above"));
+        }
+        let mut tree = TreeBatch::chain(0);
+        let mut all: Vec<usize> = Vec::new();
+        // Chunks end at multiples of the chunk size (absolute positions), so a resumed prefill
+        // runs the same passes a cold one would from that point. A device may ask for longer
+        // chunks (a multiple of PREFILL_CHUNK).
+        let chunk = prefill_rows(model);
+        let mut pos = cached;
+        while pos < prompt.len() {
+            let end = ((pos / chunk + 1) * chunk).min(prompt.len());
+            let part = &prompt[pos..end];
+            let last = end == prompt.len();
+            tree.set_chain(part.len());
+            let which = if last {
+                LogitRows::Last
+            } else {
+                LogitRows::None
+            };
+            model.forward_with(st, part, &tree, which, &mut logits, taps.as_deref_mut())?;
+            all.clear();
+            all.extend(0..part.len());
+            model.commit(st, &all)?;
+            hooks.prefill_chunk(st, last.then(|| &logits[..v]));
+            if let Some(d) = drafter.as_deref_mut() {
+                let hidden: Vec<&[f32]> = taps
+                    .as_deref()
+                    .map_or(Vec::new(), |t| t.hidden.iter().map(Vec::as_slice).collect());
+                d.committed(pos, part, &hidden);
+            }
+            pos = end;
+        }
+        Ok((cached, logits))
+    }
+
+    /// Asks the drafter for a tree rooted at the pending token `next`, sized to what the
+    /// budget, the context, the output limit and the device allow; without a drafter (or
+    /// room) the tree is `next` alone. Returns whether a proposal was made.
+    fn propose<'d>(
+        &self,
+        drafter: Option<&mut (dyn Drafter + 'd)>,
+        st: &State,
+        params: &GenerateParams,
+        out: &Output,
+        next: u32,
+        pass: &mut PassBuffers,
+    ) -> Result<bool> {
+        pass.draft.reset(next);
+        let Some(d) = drafter else {
+            return Ok(false);
+        };
+        // Every emitted token must fit: the pass emits at most depth + 1 tokens, the last at
+        // position c + depth + 1 ≤ capacity − 1, and its T rows need c + T ≤ capacity.
+        let room = st.capacity() - st.committed();
+        let max_depth = (params.max_tokens - out.ids.len() - 1).min(room - 2);
+        let max_drafts = params
+            .draft_budget
+            .min(room - 1)
+            .min(self.model.max_tree_rows() - 1);
+        if max_depth == 0 {
+            return Ok(false);
+        }
+        pass.cost.inform(d, max_drafts, &mut pass.curve);
+        d.propose(&out.context, max_drafts, &mut pass.draft);
+        if pass.draft.root() != Some(next) {
+            bail!("the drafter's tree is not rooted at the pending token");
+        }
+        pass.draft.trim(max_drafts, max_depth as u32);
+        Ok(true)
+    }
+
+    /// One target pass over the draft tree, the acceptance walk over its rows' samples (each
+    /// drawn for the position it would sit at), and the commit of the accepted path (in
+    /// `pass.accepted`). Returns the bonus token: the sample at the last accepted row.
+    fn verify(
+        &self,
+        st: &mut State,
+        rows: &mut RowSampler,
+        pass: &mut PassBuffers,
+        next: u32,
+        taps: Option<&mut HiddenTaps>,
+    ) -> Result<u32> {
+        let model = &self.model;
+        let c = st.committed();
+        let PassBuffers {
+            draft,
+            tree,
+            accepted,
+            ..
+        } = pass;
+        if draft.len() == 1 {
+            tree.set_chain(1);
+            rows.forward(model, st, &[next], tree, LogitRows::Last, taps)?;
+            accepted.clear();
+            accepted.push(0);
+            model.commit(st, accepted)?;
+            return rows.sample(model, st, 0, (c + 1) as u64);
+        }
+        draft.to_batch(tree)?;
+        rows.forward(model, st, draft.tokens(), tree, LogitRows::All, taps)?;
+        // The walk takes plain tokens: a failed fetch of a row's logits stops it (no draft
+        // token equals u32::MAX) and is reported after.
+        let mut failed = None;
+        let bonus = accept_with(
+            tree,
+            draft.tokens(),
+            |r| {
+                let pos = c + tree.depth(r) as usize + 1;
+                rows.sample(model, st, r, pos as u64).unwrap_or_else(|e| {
+                    failed.get_or_insert(e);
+                    u32::MAX
+                })
+            },
+            accepted,
+        );
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        model.commit(st, accepted)?;
+        Ok(bonus)
+    }
+
+    /// Ends the text at a stop: text held back (an incomplete character) comes out unless a
+    /// stop string or the caller already ended it, then text held back as a possible start
+    /// of a stop string that never came. Returns the final reason.
+    fn end_text(
+        &self,
+        out: &mut Output,
+        mut finish: FinishReason,
+        params: &GenerateParams,
+        on_text: &mut OnText,
+    ) -> FinishReason {
         if !out.text_ended
             && let Some(rest) = out.decoder.flush()
             && let Some(reason) = self.emit(&rest, &mut out.text, &mut out.emitted, params, on_text)
         {
             finish = reason;
         }
-        // Text held back as a possible start of a stop string that never came.
         if out.emitted < out.text.len() && finish != FinishReason::Cancelled {
             on_text(&out.text[out.emitted..]);
             out.emitted = out.text.len();
         }
-        Ok((out.ids, out.text, finish, cached))
+        finish
     }
 
     /// Emits one token that sits at position `pos`; returns why to stop after it, if so: an

@@ -92,7 +92,7 @@ fn warm(
     prompt: &[u32],
     p: &GenerateParams,
 ) -> Generation {
-    let mut drafter = p.draft.drafter();
+    let mut drafter = e.new_drafter(p.draft);
     let drafter: Option<&mut dyn yomi_spec::Drafter> = match &mut drafter {
         Some(d) => Some(d.as_mut()),
         None => None,

@@ -11,7 +11,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use yomi_engine::generate::GenerateHooks;
 use yomi_engine::stats::StatsRecorder;
 use yomi_engine::{DraftMode, Engine, FinishReason, GenerateParams, PrefixCache};
-use yomi_spec::{Drafter, SuffixDrafter};
+use yomi_spec::Drafter;
 
 use crate::api::Outcome;
 use crate::error::ApiError;
@@ -75,7 +75,7 @@ struct Worker {
     shared: Arc<Shared>,
     state: yomi_models::State,
     cache: Option<PrefixCache>,
-    drafter: Option<SuffixDrafter>,
+    drafter: Option<Box<dyn Drafter>>,
 }
 
 impl Worker {
@@ -112,12 +112,12 @@ impl Worker {
             active: split,
         };
         if let Some(d) = &self.drafter
-            && d.index().len() > MAX_DRAFT_HISTORY
+            && d.history_tokens() > MAX_DRAFT_HISTORY
         {
-            self.drafter = Some(SuffixDrafter::default());
+            self.drafter = self.engine.new_drafter(self.shared.cfg.draft);
         }
         let drafter: Option<&mut dyn Drafter> = match &mut self.drafter {
-            Some(d) if job.params.draft != DraftMode::None => Some(d),
+            Some(d) if job.params.draft != DraftMode::None => Some(d.as_mut()),
             _ => None,
         };
         let drafting = drafter.is_some();
@@ -162,7 +162,7 @@ pub(crate) fn run(engine: Arc<Engine>, shared: Arc<Shared>, jobs: Receiver<Job>)
     };
     let (state, cache) = make(&engine, &shared);
     let mut w = Worker {
-        drafter: (shared.cfg.draft != DraftMode::None).then(SuffixDrafter::default),
+        drafter: engine.new_drafter(shared.cfg.draft),
         engine,
         shared,
         state,
@@ -191,9 +191,7 @@ pub(crate) fn run(engine: Arc<Engine>, shared: Arc<Shared>, jobs: Receiver<Job>)
                 let (state, cache) = make(&w.engine, &w.shared);
                 w.state = state;
                 w.cache = cache;
-                if w.drafter.is_some() {
-                    w.drafter = Some(SuffixDrafter::default());
-                }
+                w.drafter = w.engine.new_drafter(w.shared.cfg.draft);
                 Err(ApiError::internal(format!("the engine failed: {msg}")))
             }
         };

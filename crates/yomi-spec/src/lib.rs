@@ -38,6 +38,27 @@ pub trait Drafter: Send {
     /// A new request begins: the next context does not continue the previous one.
     fn start_request(&mut self) {}
 
+    /// The target's hidden-state points this drafter reads (as `yomi_models::HiddenTaps`
+    /// numbers them: point i < L is the residual stream entering layer i, point L the final
+    /// norm's output). Empty (the default) for drafters that read tokens only: then no pass
+    /// is tapped for it.
+    fn hidden_points(&self) -> &[usize] {
+        &[]
+    }
+
+    /// The target committed `tokens` at positions `start..`: each prefill chunk's rows, then
+    /// after each verify pass the accepted rows (the root first; the bonus token becomes the
+    /// next proposal's root, the last token of its context). `hidden[j]` holds those rows at
+    /// `hidden_points()[j]`, [tokens.len(), hidden size] each (empty when no points are
+    /// asked for). A request resumed from a cached prefix reports only the rows it computes.
+    fn committed(&mut self, _start: usize, _tokens: &[u32], _hidden: &[&[f32]]) {}
+
+    /// Tokens of history the drafter keeps across requests (0 for none): what bounds its
+    /// memory in a long-running server.
+    fn history_tokens(&self) -> usize {
+        0
+    }
+
     /// Tells the drafter what verifying one more row costs relative to a one-row pass, as the
     /// caller measured it on this device and model (0 = free, 1 = as much as the pass). A
     /// drafter may use it to size its trees; the default ignores it.

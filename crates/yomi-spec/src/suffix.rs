@@ -867,6 +867,10 @@ impl SuffixDrafter {
 }
 
 impl Drafter for SuffixDrafter {
+    fn history_tokens(&self) -> usize {
+        self.index.len()
+    }
+
     fn propose(&mut self, context: &[u32], budget: usize, out: &mut DraftTree) {
         let Some(&root) = context.last() else {
             return;
