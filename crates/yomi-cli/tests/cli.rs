@@ -158,6 +158,8 @@ fn run_json_matches_reference(model: &Path) {
         assert!(stats[k].as_f64().is_some(), "stats.{k} missing: {stats}");
     }
     assert!(stats["energy_j"].is_null() || stats["energy_j"].as_f64().is_some());
+    // No device memory on the CPU.
+    assert!(stats["device_memory_bytes"].is_null(), "{stats}");
     assert_eq!(stats["tokens_per_forward_pass"].as_f64(), Some(1.0));
 }
 

@@ -35,6 +35,30 @@ pub fn prefill_rows(model: &Model) -> usize {
 pub const DEFAULT_DRAFT_BUDGET: usize = 16;
 /// The largest draft budget accepted.
 pub const MAX_DRAFT_BUDGET: usize = 64;
+/// Most stop strings per request (OpenAI's limit).
+pub const MAX_STOP_STRINGS: usize = 4;
+/// Longest stop string, in bytes. Every stop string is searched for, and its prefixes checked
+/// against the tail of the text, on every token, so its length bounds per-token work (a 7 MiB
+/// one made each token ~140× slower); real stop sequences (`</s>`, `\n\nUser:`) are a few
+/// bytes, and 256 leaves room for long markers at a cost of microseconds per token.
+pub const MAX_STOP_BYTES: usize = 256;
+
+/// Checks the stop strings against [`MAX_STOP_STRINGS`] and [`MAX_STOP_BYTES`].
+pub fn validate_stop(stop: &[String]) -> Result<(), String> {
+    if stop.len() > MAX_STOP_STRINGS {
+        return Err(format!(
+            "at most {MAX_STOP_STRINGS} stop strings are allowed, got {}",
+            stop.len()
+        ));
+    }
+    if let Some(s) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(format!(
+            "a stop string may be at most {MAX_STOP_BYTES} bytes long, got one of {} bytes",
+            s.len()
+        ));
+    }
+    Ok(())
+}
 
 #[derive(Clone, Debug)]
 pub struct GenerateParams {
@@ -65,6 +89,7 @@ impl GenerateParams {
     /// Checks what a caller can get wrong; the message names the setting.
     pub fn validate(&self) -> Result<(), String> {
         self.sampler.validate()?;
+        validate_stop(&self.stop)?;
         if self.draft != DraftMode::None && !(1..=MAX_DRAFT_BUDGET).contains(&self.draft_budget) {
             return Err(format!(
                 "the draft budget must be in 1..={MAX_DRAFT_BUDGET}, got {}",
@@ -318,12 +343,13 @@ impl Engine {
         from: Resume,
     ) -> Result<Generation> {
         params.validate().map_err(anyhow::Error::msg)?;
-        self.install(|| {
+        let result = self.install(|| {
             self.generate_inner(
                 state, prompt_ids, params, drafter, &mut stats, on_text, from,
             )
-        })
-        .map(|(output_ids, text, finish_reason, cached)| Generation {
+        });
+        stats.set_device_memory_bytes(self.model.device_memory_in_use());
+        result.map(|(output_ids, text, finish_reason, cached)| Generation {
             prompt_ids: prompt_ids.to_vec(),
             output_ids,
             text,

@@ -6,7 +6,9 @@
 //! - generation tok/s: (n − 1) / (t_last − t_first), 0.0 when n ≤ 1.
 //! - tokens per pass: tokens emitted by verify passes / verify passes (the token from prefill
 //!   excluded; plain decoding shows exactly 1.00).
-//! - memory: peak RSS (the caller may substitute peak device memory); energy: RAPL or n/a.
+//! - memory: the process's peak RSS (host memory), and on a device the memory in use there at
+//!   the end of the request (weights, states and buffers, as the driver counts the device);
+//!   energy: RAPL or n/a.
 //! - passes by rows: per tree size (rows = drafted tokens + 1), the verify passes, the tokens
 //!   they emitted and their wall time, each pass timed from the end of the one before (or the
 //!   first token): drafting, the model pass, sampling, commit and emitting the text. It shows
@@ -148,7 +150,11 @@ pub struct GenerationStats {
     /// Draft tokens a verify pass checked on average (its tree rows after the root): with
     /// `tokens_per_forward_pass`, how much of the drafting was accepted.
     pub drafted_tokens_per_pass: f64,
+    /// Peak host memory (RSS).
     pub memory_bytes: Option<u64>,
+    /// Device memory in use at the end of the request (None on the CPU).
+    #[serde(default)]
+    pub device_memory_bytes: Option<u64>,
     pub energy_j: Option<f64>,
     pub duration_s: f64,
     /// The verify passes by tree size, smallest first (sizes that ran only). Empty when read
@@ -283,6 +289,9 @@ impl fmt::Display for GenerationStats {
             Some(b) => writeln!(f, "peak memory:         {}", format_bytes(b))?,
             None => writeln!(f, "peak memory:         n/a")?,
         }
+        if let Some(b) = self.device_memory_bytes {
+            writeln!(f, "device memory:       {} in use", format_bytes(b))?;
+        }
         match self.energy_j {
             Some(j) => writeln!(f, "energy:              {j:.2} J")?,
             None => writeln!(f, "energy:              n/a")?,
@@ -320,7 +329,7 @@ pub struct StatsRecorder {
     t_pass: Option<f64>,
     by_rows: Vec<PassSize>,
     energy: EnergyMeter,
-    memory_override: Option<Option<u64>>,
+    device_memory: Option<u64>,
     energy_override: Option<Option<f64>>,
 }
 
@@ -362,7 +371,7 @@ impl StatsRecorder {
             t_pass: None,
             by_rows: Vec::new(),
             energy: EnergyMeter::start(),
-            memory_override: None,
+            device_memory: None,
             energy_override: None,
         }
     }
@@ -440,9 +449,9 @@ impl StatsRecorder {
         self.pending_rows = Some(n + 1);
     }
 
-    /// Replaces the peak-RSS reading (e.g. with peak device memory on CUDA).
-    pub fn set_memory_bytes(&mut self, bytes: Option<u64>) {
-        self.memory_override = Some(bytes);
+    /// The device memory in use (see [`GenerationStats::device_memory_bytes`]).
+    pub fn set_device_memory_bytes(&mut self, bytes: Option<u64>) {
+        self.device_memory = bytes;
     }
 
     /// Replaces the RAPL reading (e.g. with NVML energy on a GPU).
@@ -484,7 +493,8 @@ impl StatsRecorder {
             verify_passes: self.verify_passes,
             tokens_per_forward_pass: ratio(self.pass_tokens as f64, self.verify_passes as f64),
             drafted_tokens_per_pass: ratio(self.drafted as f64, self.verify_passes as f64),
-            memory_bytes: self.memory_override.unwrap_or_else(peak_rss_bytes),
+            memory_bytes: peak_rss_bytes(),
+            device_memory_bytes: self.device_memory,
             energy_j: self.energy_override.unwrap_or_else(|| self.energy.joules()),
             duration_s: now - self.t_start,
             passes_by_rows: self.by_rows.clone(),
@@ -533,7 +543,7 @@ mod tests {
         r.pass_drafted(4);
         r.pass_emitted(4);
         set(900);
-        r.set_memory_bytes(Some(1234));
+        r.set_device_memory_bytes(Some(1234));
         r.set_energy_j(Some(5.5));
         let s = r.finish();
         assert!(close(s.time_to_first_token_s, 0.3), "{s:?}");
@@ -545,7 +555,8 @@ mod tests {
         assert_eq!(s.verify_passes, 3);
         assert!(close(s.tokens_per_forward_pass, 8.0 / 3.0), "{s:?}");
         assert!(close(s.drafted_tokens_per_pass, 3.0), "{s:?}");
-        assert_eq!(s.memory_bytes, Some(1234));
+        assert_eq!(s.device_memory_bytes, Some(1234));
+        assert!(s.memory_bytes.is_some_and(|b| b > 0), "{s:?}");
         assert_eq!(s.energy_j, Some(5.5));
         assert!(close(s.duration_s, 0.9), "{s:?}");
         // Each pass timed from the end of the one before (the first from the first token).
@@ -690,6 +701,7 @@ mod tests {
                 "tokens_per_forward_pass",
                 "drafted_tokens_per_pass",
                 "memory_bytes",
+                "device_memory_bytes",
                 "energy_j",
                 "duration_s",
                 "passes_by_rows"

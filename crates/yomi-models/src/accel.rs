@@ -100,6 +100,12 @@ pub trait Accelerator: Send + Sync {
         accepted: &[usize],
     ) -> Result<()>;
 
+    /// Bytes of device memory in use now (weights, states and buffers, as the driver counts
+    /// the whole device), if the device says.
+    fn memory_in_use(&self) -> Option<u64> {
+        None
+    }
+
     /// Zeroes the recurrent and conv states (the sequence starts again).
     fn reset(&self, st: &mut dyn AccelState) -> Result<()>;
 

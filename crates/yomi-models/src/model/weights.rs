@@ -149,6 +149,11 @@ impl Model {
             .map_or(usize::MAX, |a| a.max_tree_rows())
     }
 
+    /// Device memory in use (None on the CPU; see [`crate::Accelerator::memory_in_use`]).
+    pub fn device_memory_in_use(&self) -> Option<u64> {
+        self.accel.as_ref().and_then(|a| a.memory_in_use())
+    }
+
     /// Rows per prefill pass the accelerator prefers (None on the CPU: the engine's default).
     pub fn prefill_rows(&self) -> Option<usize> {
         self.accel.as_ref().and_then(|a| a.prefill_rows())
