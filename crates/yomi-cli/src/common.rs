@@ -46,7 +46,7 @@ fn check_device(device: &str) -> Result<()> {
 /// Moves the loaded model's passes to the GPU when `--device` asks for it: `cuda` must succeed;
 /// `auto` takes the GPU when one is present and the model runs there, else stays on the CPU
 /// (saying why on stderr).
-fn place_model(engine: &mut Engine, device: &str) -> Result<()> {
+fn place_model(engine: &mut Engine, device: &str, settings: &Settings) -> Result<()> {
     let want = match device {
         "cuda" => true,
         "auto" => yomi_cuda::cuda_available(),
@@ -60,7 +60,7 @@ fn place_model(engine: &mut Engine, device: &str) -> Result<()> {
         ProgressStyle::with_template("uploading to the GPU [{bar:30}] {pos}/{len} layers")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let r = yomi_cuda::model::attach(&mut engine.model, 0, &mut |done, total| {
+    let r = yomi_cuda::model::attach(&mut engine.model, 0, &settings.cuda, &mut |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     });
@@ -104,7 +104,7 @@ pub fn load_engine(m: &ModelArgs, settings: &Settings) -> Result<Engine> {
     });
     bar.finish_and_clear();
     let mut engine = engine?;
-    place_model(&mut engine, &m.device)?;
+    place_model(&mut engine, &m.device, settings)?;
     Ok(engine)
 }
 

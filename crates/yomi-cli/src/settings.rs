@@ -13,6 +13,16 @@
 //! | `YOMI_QUANT_PACK` | `on`, `off` | Q8_0/Q4_0/Q4_1 weights regrouped 16 rows at a time for the CPU's packed kernels, or kept in GGML row order | [`yomi_engine::EngineOptions::quant_pack`] |
 //! | `YOMI_PASS_THREADS` | unset, a count ≥ 1 | every CPU pass on this many threads (unset: each size of pass on the count that measures fastest) | [`yomi_engine::EngineOptions::pass_threads`] |
 //! | `YOMI_PASS_TRACE` | `0`, `1` | print each CPU pass's rows, threads and time to stderr (`pass rows=T threads=N us=…`) | [`yomi_engine::EngineOptions::pass_trace`] |
+//! | `YOMI_CUDA_TOPK` | `1`, `0` | rank each logits row on the GPU and copy back its 64 most likely tokens, or copy full logits back | [`yomi_cuda::CudaOptions::topk`] |
+//! | `YOMI_CUDA_GRAPHS` | `1`, `0` | replay passes of up to 32 rows as CUDA graphs | [`yomi_cuda::CudaOptions::graphs`] |
+//! | `YOMI_CUDA_FUSE` | `1`, `0` | fused projections on the GPU (and with them the SwiGLU epilogue of the bf16 gate\|up GEMV and the GDN conv folded into the q/k/v split) | [`yomi_cuda::CudaOptions::fuse`] |
+//! | `YOMI_CUDA_PDL` | `0`, `1` | programmatic dependent launch (compute capability 9.0 and later) | [`yomi_cuda::CudaOptions::pdl`] |
+//! | `YOMI_CUDA_ATTN_MMA` | `1`, a row count, `0` | passes of at least that many rows run attention on the tensor cores; `0` keeps it on the CUDA cores | [`yomi_cuda::CudaOptions::attn_mma_from`] |
+//! | `YOMI_CUDA_CUBLAS` | `1`, `0` | GEMMs (linear layers of more than 32 rows) through cuBLAS when libcublas loads, or yomi's own tensor-core GEMM | [`yomi_cuda::CudaOptions::cublas`] |
+//! | `YOMI_CUDA_GEMM_LO` | `1`, `0` | the GEMMs keep the activations' low bf16 plane (~16 bits), or drop it (bf16 activations, faster, relative error about 1.5e-3) | [`yomi_cuda::CudaOptions::gemm_lo`] |
+//! | `YOMI_CUDA_GEMM` | `1`, `0` | linear layers of more than 32 rows as GEMMs, or as 32-row GEMVs | [`yomi_cuda::CudaOptions::gemm`] |
+//! | `YOMI_CUDA_CHUNK` | `1`, `0` | prompts through the GPU in layer-major passes of up to 2048 tokens, or the whole model per 32 tokens | [`yomi_cuda::CudaOptions::chunk`] |
+//! | `XDG_CACHE_HOME`, `HOME` | paths | the compiled GPU kernels are cached in `$XDG_CACHE_HOME/yomi/kernels` (when absolute), else `$HOME/.cache/yomi/kernels`, else not at all | [`yomi_cuda::CudaOptions::kernel_cache_dir`] |
 //! | `YOMI_API_KEY` | unset, a key | the bearer token of `serve` (required on `/v1/*`) and `bench` (sent) when `--api-key` is not given | [`Settings::api_key`] |
 
 use std::ffi::OsString;
@@ -21,6 +31,7 @@ use anyhow::{Result, bail};
 use yomi_cpu::CpuOptions;
 use yomi_cpu::isa_cap::IsaLevel;
 use yomi_cpu::quant::Precision;
+use yomi_cuda::CudaOptions;
 
 /// What the environment says, read once.
 #[derive(Clone, Debug)]
@@ -33,6 +44,8 @@ pub struct Settings {
     pub pass_threads: Option<usize>,
     /// `YOMI_PASS_TRACE`, for [`yomi_engine::EngineOptions::pass_trace`].
     pub pass_trace: bool,
+    /// The CUDA backend's options (`YOMI_CUDA_*`, the kernel cache).
+    pub cuda: CudaOptions,
     /// `YOMI_API_KEY`: the default of `serve`'s and `bench`'s `--api-key`.
     pub api_key: Option<String>,
 }
@@ -45,6 +58,7 @@ impl Default for Settings {
             quant_pack: true,
             pass_threads: None,
             pass_trace: false,
+            cuda: CudaOptions::default(),
             api_key: None,
         }
     }
@@ -93,6 +107,30 @@ impl Settings {
         if let Some(v) = var("YOMI_PASS_TRACE")? {
             s.pass_trace = flag("YOMI_PASS_TRACE", &v)?;
         }
+        let cuda_flags: [(&str, &mut bool); 8] = [
+            ("YOMI_CUDA_TOPK", &mut s.cuda.topk),
+            ("YOMI_CUDA_GRAPHS", &mut s.cuda.graphs),
+            ("YOMI_CUDA_FUSE", &mut s.cuda.fuse),
+            ("YOMI_CUDA_PDL", &mut s.cuda.pdl),
+            ("YOMI_CUDA_CUBLAS", &mut s.cuda.cublas),
+            ("YOMI_CUDA_GEMM_LO", &mut s.cuda.gemm_lo),
+            ("YOMI_CUDA_GEMM", &mut s.cuda.gemm),
+            ("YOMI_CUDA_CHUNK", &mut s.cuda.chunk),
+        ];
+        for (name, field) in cuda_flags {
+            if let Some(v) = var(name)? {
+                *field = flag(name, &v)?;
+            }
+        }
+        if let Some(v) = var("YOMI_CUDA_ATTN_MMA")? {
+            s.cuda.attn_mma_from = match v.trim().parse::<usize>() {
+                Ok(0) => None,
+                Ok(n) => Some(n),
+                Err(_) => return Err(bad("YOMI_CUDA_ATTN_MMA", &v, "a row count (0: off)")),
+            };
+        }
+        s.cuda.kernel_cache_dir =
+            yomi_cuda::kernels::cache_dir_from(get("XDG_CACHE_HOME"), get("HOME"));
         s.api_key = var("YOMI_API_KEY")?;
         Ok(s)
     }
@@ -147,6 +185,7 @@ mod tests {
     fn nothing_set_is_every_default() {
         let s = read(&[]).unwrap();
         assert_eq!(s.cpu, CpuOptions::default());
+        assert_eq!(s.cuda, CudaOptions::default());
         assert!(s.quant_pack && !s.pass_trace);
         assert_eq!(s.pass_threads, None);
         assert_eq!(s.api_key, None);
@@ -162,11 +201,21 @@ mod tests {
             "YOMI_QUANT_PACK",
             "YOMI_PASS_THREADS",
             "YOMI_PASS_TRACE",
+            "YOMI_CUDA_TOPK",
+            "YOMI_CUDA_GRAPHS",
+            "YOMI_CUDA_FUSE",
+            "YOMI_CUDA_PDL",
+            "YOMI_CUDA_ATTN_MMA",
+            "YOMI_CUDA_CUBLAS",
+            "YOMI_CUDA_GEMM_LO",
+            "YOMI_CUDA_GEMM",
+            "YOMI_CUDA_CHUNK",
             "YOMI_API_KEY",
         ];
         let vars: Vec<(&str, &str)> = names.iter().map(|n| (*n, " ")).collect();
         let s = read(&vars).unwrap();
         assert_eq!(s.cpu, CpuOptions::default());
+        assert_eq!(s.cuda, CudaOptions::default());
         assert!(s.quant_pack && !s.pass_trace);
         assert_eq!(s.pass_threads, None);
         assert_eq!(s.api_key, None);
@@ -211,6 +260,58 @@ mod tests {
     }
 
     #[test]
+    fn cuda_switches() {
+        let off: Vec<(&str, &str)> = [
+            "YOMI_CUDA_TOPK",
+            "YOMI_CUDA_GRAPHS",
+            "YOMI_CUDA_FUSE",
+            "YOMI_CUDA_CUBLAS",
+            "YOMI_CUDA_GEMM_LO",
+            "YOMI_CUDA_GEMM",
+            "YOMI_CUDA_CHUNK",
+            "YOMI_CUDA_ATTN_MMA",
+        ]
+        .iter()
+        .map(|n| (*n, "0"))
+        .chain([("YOMI_CUDA_PDL", "1")])
+        .collect();
+        let s = read(&off).unwrap();
+        assert_eq!(
+            s.cuda,
+            CudaOptions {
+                graphs: false,
+                topk: false,
+                fuse: false,
+                pdl: true,
+                attn_mma_from: None,
+                cublas: false,
+                gemm: false,
+                gemm_lo: false,
+                chunk: false,
+                kernel_cache_dir: None,
+            }
+        );
+        let s = read(&[("YOMI_CUDA_ATTN_MMA", " 8 "), ("YOMI_CUDA_GEMM", "1")]).unwrap();
+        assert_eq!(s.cuda.attn_mma_from, Some(8));
+        assert!(s.cuda.gemm);
+    }
+
+    /// `$XDG_CACHE_HOME/yomi/kernels` when absolute, else `$HOME/.cache/yomi/kernels`.
+    #[test]
+    fn kernel_cache_dir() {
+        let dir = |vars: &[(&str, &str)]| read(vars).unwrap().cuda.kernel_cache_dir;
+        assert_eq!(
+            dir(&[("XDG_CACHE_HOME", "/x/cache"), ("HOME", "/home/u")]),
+            Some("/x/cache/yomi/kernels".into())
+        );
+        assert_eq!(
+            dir(&[("XDG_CACHE_HOME", "rel"), ("HOME", "/home/u")]),
+            Some("/home/u/.cache/yomi/kernels".into())
+        );
+        assert_eq!(dir(&[]), None);
+    }
+
+    #[test]
     fn bad_values_are_one_line_errors() {
         for (name, value, want) in [
             (
@@ -247,6 +348,16 @@ mod tests {
                 "YOMI_PASS_THREADS",
                 "all",
                 "YOMI_PASS_THREADS=\"all\": expected a count ≥ 1",
+            ),
+            (
+                "YOMI_CUDA_GRAPHS",
+                "off",
+                "YOMI_CUDA_GRAPHS=\"off\": expected 0 or 1",
+            ),
+            (
+                "YOMI_CUDA_ATTN_MMA",
+                "yes",
+                "YOMI_CUDA_ATTN_MMA=\"yes\": expected a row count (0: off)",
             ),
             (
                 "YOMI_PASS_TRACE",

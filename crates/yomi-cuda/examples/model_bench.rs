@@ -15,6 +15,9 @@
 //! wide draft); T = 64 is a chain of two 32-row sub-passes (trees take at most 32 rows). The
 //! LM head runs on every row, and no logits are copied back, so the time is the device's pass
 //! (plus the host's launches); each timing is the median of `reps` passes after 3 warm-ups.
+//!
+//! The device follows the `yomi` binary's `YOMI_CUDA_*` switches (e.g. `YOMI_CUDA_GEMM_LO=0`),
+//! read from the environment as the binary reads them (`common/options.rs`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -23,6 +26,10 @@ use anyhow::{Context, Result};
 use yomi_core::TreeBatch;
 use yomi_cuda::CudaDevice;
 use yomi_cuda::model::CudaModel;
+
+/// The `yomi` binary's `YOMI_CUDA_*` switches and kernel cache, read as it reads them.
+#[path = "common/options.rs"]
+mod options;
 
 fn list(s: &str) -> Result<Vec<usize>> {
     s.split(',')
@@ -59,7 +66,7 @@ fn main() -> Result<()> {
     let t0 = Instant::now();
     let model = yomi_models::loader::load_hf_dir(std::path::Path::new(&dir), &mut |_, _| {})?;
     let host_s = t0.elapsed().as_secs_f64();
-    let dev = Arc::new(CudaDevice::open(0)?);
+    let dev = Arc::new(CudaDevice::open_with(0, options::cuda_options_from_env())?);
     let t1 = Instant::now();
     let cm = CudaModel::upload(dev.clone(), &model, &mut |_, _| {})?;
     let up_s = t1.elapsed().as_secs_f64();

@@ -38,8 +38,9 @@ pub const ATTN_MMA_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// Rows from which a pass takes the tensor-core kernel (when the scratch allows it). From two
 /// rows on the SIMT kernel re-reads K/V per 4 queries and is bound by L1; at one row both stream
 /// K/V alike at long contexts, but the tensor-core kernel's shorter chain per key tile halves the
-/// time at short ones (bench/RESULTS.md), so it takes every pass. `YOMI_CUDA_ATTN_MMA=<rows>`
-/// moves the threshold, `=0` keeps the SIMT kernel for all.
+/// time at short ones (bench/RESULTS.md), so it takes every pass. [`crate::CudaOptions`]'
+/// `attn_mma_from` moves the threshold (`YOMI_CUDA_ATTN_MMA=<rows>`), None keeps the SIMT kernel
+/// for all (`=0`).
 pub const ATTN_MMA_MIN_ROWS: usize = 1;
 /// Most queries per block of the tensor-core kernel (2 query tiles of 16) and its warps.
 const MMA_QUERIES: usize = 32;
@@ -198,16 +199,6 @@ pub fn attn_plan_for(
     }
 }
 
-/// The tensor-core threshold from `YOMI_CUDA_ATTN_MMA`'s value: unset or unreadable → the
-/// default, 0 → off, n → from n rows.
-fn mma_from_setting(v: Option<&str>) -> Option<usize> {
-    match v.map(|s| s.trim().parse::<usize>()) {
-        Some(Ok(0)) => None,
-        Some(Ok(n)) => Some(n),
-        _ => Some(ATTN_MMA_MIN_ROWS),
-    }
-}
-
 fn mma_kernel_name(hd: usize, plan: &AttnPlan) -> String {
     format!("attn_mma_hd{hd}_d{}_f32", plan.k_groups)
 }
@@ -290,23 +281,12 @@ pub struct AttnScratch {
 
 impl AttnScratch {
     /// Allocates the scratch for up to `t_max` rows of `dims` over a cache of `capacity` rows, with
-    /// the split counts planned for this device's SM count. Passes from [`ATTN_MMA_MIN_ROWS`]
-    /// rows on take the tensor-core kernel where the device and head size allow it;
-    /// `YOMI_CUDA_ATTN_MMA=<rows>` changes that threshold and `YOMI_CUDA_ATTN_MMA=0` turns the
-    /// kernel off (A/B measurements).
+    /// the split counts planned for this device's SM count. Passes from the device's
+    /// [`crate::CudaOptions::attn_mma_from`] rows on (default [`ATTN_MMA_MIN_ROWS`]) take the
+    /// tensor-core kernel where the device and head size allow it; None keeps the kernel off
+    /// (A/B measurements).
     pub fn new(dev: &CudaDevice, t_max: usize, dims: AttnDims, capacity: usize) -> Result<Self> {
-        // Read once per process (every attention layer makes a scratch), warning once.
-        static FROM: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-        let from = *FROM.get_or_init(|| {
-            let v = std::env::var("YOMI_CUDA_ATTN_MMA").ok();
-            let from = mma_from_setting(v.as_deref());
-            if let Some(v) = v.filter(|v| v.trim().parse::<usize>().is_err()) {
-                eprintln!(
-                    "yomi: ignoring YOMI_CUDA_ATTN_MMA={v:?} (expected a row count, 0 for off)"
-                );
-            }
-            from
-        });
+        let from = dev.options().attn_mma_from;
         Self::with_kernels(dev, t_max, dims, capacity, from)
     }
 
@@ -825,15 +805,6 @@ mod tests {
         }
         assert_eq!(shape(32, QWEN).max_partials(), 544);
         assert_eq!(shape(1, QWEN).max_partials(), 66);
-    }
-
-    #[test]
-    fn the_tensor_core_switch_reads_a_row_count() {
-        assert_eq!(mma_from_setting(None), Some(ATTN_MMA_MIN_ROWS));
-        assert_eq!(mma_from_setting(Some("0")), None);
-        assert_eq!(mma_from_setting(Some("2")), Some(2));
-        assert_eq!(mma_from_setting(Some(" 8 ")), Some(8));
-        assert_eq!(mma_from_setting(Some("yes")), Some(ATTN_MMA_MIN_ROWS));
     }
 
     #[test]

@@ -13,6 +13,7 @@ use cudarc::nvrtc::Ptx;
 use crate::error::{CudaError, Result};
 use crate::guard;
 use crate::kernels::{self, Module};
+use crate::options::CudaOptions;
 
 /// How one kernel module was obtained (for logs and benchmarks).
 #[derive(Clone, Debug)]
@@ -36,7 +37,8 @@ pub struct CudaDevice {
     /// Launch with programmatic dependent launch ([`crate::launch`]).
     pdl: bool,
     arch: String,
-    cache_dir: Option<PathBuf>,
+    /// The switches everything on this device reads.
+    opts: CudaOptions,
     modules: Mutex<HashMap<Module, Arc<CudaModule>>>,
     funcs: Mutex<HashMap<String, CudaFunction>>,
     infos: Mutex<Vec<ModuleInfo>>,
@@ -57,9 +59,15 @@ impl std::fmt::Debug for CudaDevice {
 }
 
 impl CudaDevice {
-    /// Opens device `ordinal`. Errors (never panics) when there is no driver, no such device, or
-    /// the driver fails.
+    /// Opens device `ordinal` with the default [`CudaOptions`] (no kernel cache on disk).
+    /// Errors (never panics) when there is no driver, no such device, or the driver fails.
     pub fn open(ordinal: usize) -> Result<Self> {
+        Self::open_with(ordinal, CudaOptions::default())
+    }
+
+    /// Opens device `ordinal` with `opts`, which every op, scratch and model on it follows.
+    /// Errors (never panics) when there is no driver, no such device, or the driver fails.
+    pub fn open_with(ordinal: usize, opts: CudaOptions) -> Result<Self> {
         guard("CudaDevice::open", || {
             if !crate::driver_present() {
                 return Err(CudaError::NoDriver);
@@ -89,8 +97,8 @@ impl CudaDevice {
                 stream,
                 name,
                 cc,
-                pdl: crate::launch::pdl_enabled(cc.0),
-                cache_dir: kernels::cache_dir(),
+                pdl: crate::launch::pdl_enabled(cc.0, opts.pdl),
+                opts: opts.clone(),
                 modules: Mutex::new(HashMap::new()),
                 funcs: Mutex::new(HashMap::new()),
                 infos: Mutex::new(Vec::new()),
@@ -117,7 +125,8 @@ impl CudaDevice {
         &self.arch
     }
 
-    /// Whether kernels launch with programmatic dependent launch (sm_90+ and `YOMI_CUDA_PDL=1`).
+    /// Whether kernels launch with programmatic dependent launch (sm_90+ and
+    /// [`CudaOptions::pdl`]).
     pub fn pdl(&self) -> bool {
         self.pdl
     }
@@ -135,9 +144,15 @@ impl CudaDevice {
         &self.stream
     }
 
-    /// Where compiled kernels are cached (None: no usable folder; kernels are compiled per process).
+    /// The options this device was opened with.
+    pub fn options(&self) -> &CudaOptions {
+        &self.opts
+    }
+
+    /// Where compiled kernels are cached ([`CudaOptions::kernel_cache_dir`]; None: kernels are
+    /// compiled per process).
     pub fn cache_dir(&self) -> Option<&std::path::Path> {
-        self.cache_dir.as_deref()
+        self.opts.kernel_cache_dir.as_deref()
     }
 
     /// Modules loaded so far, in load order.
@@ -159,7 +174,7 @@ impl CudaDevice {
             return Ok(md.clone());
         }
         let t0 = std::time::Instant::now();
-        let c = kernels::load_or_compile(m, &self.arch, self.cache_dir.as_deref())?;
+        let c = kernels::load_or_compile(m, &self.arch, self.cache_dir())?;
         let md = guard("load module", || {
             self.ctx
                 .load_module(Ptx::from_src(c.ptx))

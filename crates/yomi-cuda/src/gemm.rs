@@ -16,14 +16,12 @@
 //!   (no scratch, no library), 128 weight rows × 64 x rows per block, with the SwiGLU in its
 //!   epilogue. The fallback where cuBLAS cannot be loaded, and the cross-check in the tests.
 //!
-//! Switches (read once per process):
-//! - `YOMI_CUDA_GEMM=0`: T > 32 runs as consecutive GEMV launches of 32 rows instead (the
-//!   reference for the parity tests and benchmarks).
-//! - `YOMI_CUDA_GEMM_LO=0`: drop the lo plane (bf16 activations, half the multiplications;
-//!   relative error about 1.5e-3 instead of 1e-5).
-//! - `YOMI_CUDA_CUBLAS=0`: use the kernel even when cuBLAS loads.
-
-use std::sync::OnceLock;
+//! Switches (the device's [`crate::CudaOptions`]):
+//! - `gemm` false (`YOMI_CUDA_GEMM=0`): T > 32 runs as consecutive GEMV launches of 32 rows
+//!   instead (the reference for the parity tests and benchmarks).
+//! - `gemm_lo` false (`YOMI_CUDA_GEMM_LO=0`): drop the lo plane (bf16 activations, half the
+//!   multiplications; relative error about 1.5e-3 instead of 1e-5).
+//! - `cublas` false (`YOMI_CUDA_CUBLAS=0`): use the kernel even when cuBLAS loads.
 
 use cudarc::cublas::CudaBlas;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
@@ -93,32 +91,6 @@ fn grow<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     }
 }
 
-/// A 0/1 switch from the environment: unset, empty or 1 → on, 0 → off, anything else → on
-/// with a warning.
-pub(crate) fn env_flag(name: &str) -> bool {
-    match std::env::var(name) {
-        Ok(v) if v == "0" => false,
-        Ok(v) if v == "1" || v.is_empty() => true,
-        Ok(v) => {
-            eprintln!("warning: {name}={v} is neither 0 nor 1; using 1");
-            true
-        }
-        Err(_) => true,
-    }
-}
-
-/// Whether T > 32 takes the GEMM (`YOMI_CUDA_GEMM`, default on).
-pub(crate) fn gemm_enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| env_flag("YOMI_CUDA_GEMM"))
-}
-
-/// Whether the GEMM keeps x's low bf16 plane (`YOMI_CUDA_GEMM_LO`, default on).
-pub(crate) fn gemm_keeps_lo() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| env_flag("YOMI_CUDA_GEMM_LO"))
-}
-
 fn smem_bytes(lo: bool) -> usize {
     STAGES * (A_STAGE_BYTES + B_STAGE_BYTES * if lo { 2 } else { 1 })
 }
@@ -168,11 +140,10 @@ impl CudaDevice {
             .as_ref()
     }
 
-    /// The route [`CudaDevice::linear`] takes past 32 rows: cuBLAS when it loads and
-    /// `YOMI_CUDA_CUBLAS` is not 0, else the kernel.
+    /// The route [`CudaDevice::linear`] takes past 32 rows: cuBLAS when it loads and the
+    /// options allow it ([`crate::CudaOptions::cublas`]), else the kernel.
     pub fn gemm_route(&self) -> GemmRoute {
-        static ALLOWED: OnceLock<bool> = OnceLock::new();
-        if *ALLOWED.get_or_init(|| env_flag("YOMI_CUDA_CUBLAS")) && self.blas().is_some() {
+        if self.options().cublas && self.blas().is_some() {
             GemmRoute::Cublas
         } else {
             GemmRoute::Kernel

@@ -3,7 +3,8 @@
 //! Each module is one `.cu` file under `kernels/`, compiled as `common.cuh` + the file (NVRTC gets
 //! one string and no include path: the kernels use no CUDA headers). The cache key is a 64-bit
 //! FNV-1a hash of the full source, the compile options (the target architecture among them) and
-//! the NVRTC version; the PTX is stored as `<module>-<hash>-<arch>.ptx` in [`cache_dir`].
+//! the NVRTC version; the PTX is stored as `<module>-<hash>-<arch>.ptx` in the device's
+//! [`crate::CudaOptions::kernel_cache_dir`] (the `yomi` binary's: [`cache_dir_from`]).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -165,11 +166,6 @@ pub fn cache_dir_from(xdg_cache_home: Option<OsString>, home: Option<OsString>) 
             .map(|h| h.join(".cache"))
     })?;
     Some(base.join("yomi").join("kernels"))
-}
-
-/// The cache folder of this process (see [`cache_dir_from`]).
-pub fn cache_dir() -> Option<PathBuf> {
-    cache_dir_from(std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME"))
 }
 
 /// File name of a cached module.

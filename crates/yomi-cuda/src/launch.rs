@@ -89,10 +89,10 @@ impl<T> KernelArg for &mut CudaViewMut<'_, T> {
     }
 }
 
-/// Whether launches carry the PDL attribute: devices of compute capability 9.0 and later, with
-/// `YOMI_CUDA_PDL=1`.
-pub(crate) fn pdl_enabled(cc_major: i32) -> bool {
-    cc_major >= 9 && std::env::var("YOMI_CUDA_PDL").is_ok_and(|v| v == "1")
+/// Whether launches carry the PDL attribute: devices of compute capability 9.0 and later, when
+/// asked ([`crate::CudaOptions::pdl`]).
+pub(crate) fn pdl_enabled(cc_major: i32, asked: bool) -> bool {
+    cc_major >= 9 && asked
 }
 
 /// The argument list of one launch (cudarc's `LaunchArgs` cannot carry launch attributes).

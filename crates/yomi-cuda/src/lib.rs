@@ -25,9 +25,13 @@
 //!
 //! Kernels live in `kernels/*.cu` (plus the prelude `kernels/common.cuh`), are embedded with
 //! `include_str!`, compiled by NVRTC for the device's own architecture (`sm_XY` from its compute
-//! capability) on first use and cached as PTX under `$XDG_CACHE_HOME/yomi/kernels/` (falling
-//! back to `~/.cache/yomi/kernels/`), keyed by a hash of the source, the options and the NVRTC
-//! version. They need no CUDA headers, so no include directory is looked up.
+//! capability) on first use and cached as PTX in [`CudaOptions::kernel_cache_dir`] (the `yomi`
+//! binary's is `$XDG_CACHE_HOME/yomi/kernels/`, falling back to `~/.cache/yomi/kernels/`),
+//! keyed by a hash of the source, the options and the NVRTC version. They need no CUDA headers,
+//! so no include directory is looked up.
+//!
+//! Every switch of the backend is a field of [`CudaOptions`], given to the device when it is
+//! opened; the crate reads no environment.
 
 pub mod attention;
 mod conv;
@@ -41,6 +45,7 @@ pub mod kernels;
 mod launch;
 pub mod model;
 mod ops;
+mod options;
 mod quant;
 mod topk;
 
@@ -57,6 +62,7 @@ pub use ops::{
     DeviceMatrix, GateUpMatrix, GdnDeviceRows, GdnShape, GemvKernel, WeightDtype, bf16_tile_index,
     bf16_tiles_len, gate_up_source_row, gemv_variant, interleave_gate_up, linear_kernel, tc_warps,
 };
+pub use options::CudaOptions;
 pub use quant::QuantFormat;
 pub use topk::{TOPK, TOPK_ROW_WORDS, TopkScratch, unpack_top};
 

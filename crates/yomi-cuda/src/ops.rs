@@ -6,7 +6,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfi
 
 use crate::device::CudaDevice;
 use crate::error::{CudaError, Result, ensure};
-use crate::gemm::{GemmOpts, GemmRoute, gemm_enabled, gemm_keeps_lo};
+use crate::gemm::{GemmOpts, GemmRoute};
 use crate::guard;
 use crate::kernels::Module;
 use crate::quant::{QuantFormat, QuantWeights};
@@ -693,10 +693,10 @@ impl CudaDevice {
             Weights::Quant(_) => self.gemm_route() == GemmRoute::Cublas && n <= 65535,
             _ => false,
         };
-        if t > MAX_GEMV_ROWS && gemm_ok && variant.is_none() && gemm_enabled() {
+        if t > MAX_GEMV_ROWS && gemm_ok && variant.is_none() && self.options().gemm {
             let opts = GemmOpts {
                 swiglu: false,
-                lo: gemm_keeps_lo(),
+                lo: self.options().gemm_lo,
                 route: self.gemm_route(),
             };
             return self.gemm_bf16_raw(xp, t, w, bias, op, opts);
@@ -748,10 +748,10 @@ impl CudaDevice {
         )?;
         let st = self.stream();
         let (xp, op) = (dptr(x, st), dptr_mut(out, st));
-        if t > MAX_GEMV_ROWS && gemm_enabled() {
+        if t > MAX_GEMV_ROWS && self.options().gemm {
             let opts = GemmOpts {
                 swiglu: true,
-                lo: gemm_keeps_lo(),
+                lo: self.options().gemm_lo,
                 route: self.gemm_route(),
             };
             return self.gemm_bf16_raw(xp, t, &w.m, bias, op, opts);

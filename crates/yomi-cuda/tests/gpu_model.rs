@@ -23,6 +23,12 @@ use yomi_engine::{Engine, EngineOptions, GenerateParams, Generation};
 use yomi_models::{HiddenTaps, KvDtype, LogitRows, Model, State};
 use yomi_spec::{DraftTree, Drafter};
 
+/// The device options of the environment (the `yomi` binary's `YOMI_CUDA_*` switches and
+/// kernel cache), as the other GPU tests open their device.
+#[path = "../examples/common/options.rs"]
+mod options;
+use options::cuda_options_from_env;
+
 /// The repository root: `$YOMI_REPO` (a binary run on another machine), else where it was built.
 fn repo() -> PathBuf {
     std::env::var_os("YOMI_REPO")
@@ -61,7 +67,8 @@ fn engine(path: &Path, ctx: usize) -> Engine {
 fn pair(path: &Path, ctx: usize) -> (Engine, Engine) {
     let cpu = engine(path, ctx);
     let mut gpu = engine(path, ctx);
-    yomi_cuda::model::attach(&mut gpu.model, 0, &mut |_, _| {}).expect("attach the GPU");
+    yomi_cuda::model::attach(&mut gpu.model, 0, &cuda_options_from_env(), &mut |_, _| {})
+        .expect("attach the GPU");
     (cpu, gpu)
 }
 
@@ -722,7 +729,7 @@ fn cuda_model(dir: &Path, bf16: bool) -> (CudaModel, usize) {
             *m = yomi_cpu::Matrix::new(m.rows, m.cols, yomi_cpu::WeightData::Bf16(bits));
         }
     }
-    let dev = Arc::new(CudaDevice::open(0).expect("open GPU 0"));
+    let dev = Arc::new(CudaDevice::open_with(0, cuda_options_from_env()).expect("open GPU 0"));
     let cm = CudaModel::upload(dev, &model, &mut |_, _| {}).expect("upload");
     (cm, model.cfg.vocab_size)
 }

@@ -9,9 +9,7 @@
 //! as consecutive chunk passes, each continuing from the previous one the same way; the pass
 //! is left pending exactly as after sub-passes (commit takes `fin` and the last piece's window).
 //!
-//! `YOMI_CUDA_CHUNK=0` (read once per process) keeps the sub-passes, the reference.
-
-use std::sync::OnceLock;
+//! [`crate::CudaOptions::chunk`] false (`YOMI_CUDA_CHUNK=0`) keeps the sub-passes, the reference.
 
 use anyhow::{Result, bail};
 use cudarc::driver::CudaSlice;
@@ -30,12 +28,6 @@ use crate::device::CudaDevice;
 /// The cuBLAS GEMM runs at 246 TFLOP/s with 512 rows and 333 with 2048 (H200, hi + lo planes).
 pub const CHUNK_ROWS: usize = 2048;
 const _: () = assert!(CHUNK_ROWS.is_multiple_of(MAX_ROWS));
-
-/// Whether long chains take chunk passes (`YOMI_CUDA_CHUNK`, default on; read once).
-pub(super) fn chunk_enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| crate::gemm::env_flag("YOMI_CUDA_CHUNK"))
-}
 
 /// A chunk pass's own buffers, allocated at a state's first chunk pass (never inside a graph
 /// capture: graphs only replay passes of at most MAX_ROWS rows).

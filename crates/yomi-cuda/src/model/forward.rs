@@ -154,7 +154,7 @@ impl CudaModel {
     /// [`CudaModel::run_forward`]; with `logits` None the LM head still runs for the rows
     /// `which` selects but nothing is copied back (benchmarks time the device's pass alone).
     /// A chain of more than MAX_ROWS rows with logits of its last row or none runs as chunk
-    /// passes (`chunk.rs`) unless `YOMI_CUDA_CHUNK=0`.
+    /// passes (`chunk.rs`) unless the device's options say otherwise (`chunk`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn run_forward_opt(
         &self,
@@ -166,7 +166,7 @@ impl CudaModel {
         logits: Option<&mut Vec<f32>>,
         taps: Option<&mut HiddenTaps>,
     ) -> Result<()> {
-        let chunk_rows = super::chunk::chunk_enabled().then_some(super::chunk::CHUNK_ROWS);
+        let chunk_rows = self.dev.options().chunk.then_some(super::chunk::CHUNK_ROWS);
         self.forward_pass(st, committed, tokens, tree, which, logits, chunk_rows, taps)
     }
 
@@ -940,7 +940,7 @@ impl CudaModel {
                 Some(gate),
             )?;
         } else {
-            // The reference path (split projections, `YOMI_CUDA_FUSE=0`): the conv into gdn_mc,
+            // The reference path (split projections, `CudaOptions::fuse` false): the conv into gdn_mc,
             // then q/k normed, v copied and g/β, in one launch.
             dev.conv1d_tree_strided(
                 &mv,

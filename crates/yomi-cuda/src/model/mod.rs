@@ -25,15 +25,16 @@ pub struct CudaModel {
     dev: Arc<CudaDevice>,
     cfg: ModelConfig,
     w: DevWeights,
-    /// Replay passes of up to MAX_ROWS rows as CUDA graphs (`YOMI_CUDA_GRAPHS=0` turns it off).
+    /// Replay passes of up to MAX_ROWS rows as CUDA graphs ([`crate::CudaOptions::graphs`]).
     graphs: bool,
-    /// Rank logits on the device and copy back candidates only (`YOMI_CUDA_TOPK=0` turns it
-    /// off: every pass then copies its full logits rows, as before).
+    /// Rank logits on the device and copy back candidates only ([`crate::CudaOptions::topk`];
+    /// off, every pass copies its full logits rows).
     topk: bool,
 }
 
 impl CudaModel {
-    /// Uploads `model`'s weights to `dev`; `progress(done, total)` as layers go up.
+    /// Uploads `model`'s weights to `dev`; `progress(done, total)` as layers go up. The model
+    /// follows the device's options ([`CudaDevice::options`]: graphs, top-k, fusion, chunks).
     pub fn upload(
         dev: Arc<CudaDevice>,
         model: &Model,
@@ -45,12 +46,13 @@ impl CudaModel {
         // in the first prompt's time to first token).
         let _ = dev.gemm_route();
         dev.synchronize()?;
+        let (graphs, topk) = (dev.options().graphs, dev.options().topk);
         Ok(CudaModel {
             dev,
             cfg: model.cfg.clone(),
             w,
-            graphs: std::env::var("YOMI_CUDA_GRAPHS").map_or(true, |v| v != "0"),
-            topk: std::env::var("YOMI_CUDA_TOPK").map_or(true, |v| v != "0"),
+            graphs,
+            topk,
         })
     }
 
@@ -94,8 +96,8 @@ impl CudaModel {
     /// A chain pass of `tokens` after `committed` rows with the logits of `which` into `logits`,
     /// left pending ([`CudaModel::commit_chain`] commits it). A chain of more than [`MAX_ROWS`]
     /// rows runs as chunk passes of at most `chunk_rows` rows (a multiple of MAX_ROWS up to
-    /// [`CHUNK_ROWS`]), or with None as sub-passes of MAX_ROWS rows, whatever `YOMI_CUDA_CHUNK`
-    /// says. For tests and benchmarks that compare the two in one process.
+    /// [`CHUNK_ROWS`]), or with None as sub-passes of MAX_ROWS rows, whatever the device's
+    /// `chunk` option says. For tests and benchmarks that compare the two in one process.
     pub fn forward_chain_with(
         &self,
         st: &mut CudaState,
@@ -187,7 +189,7 @@ impl Accelerator for CudaModel {
 
     /// One chunk pass: every weight is read once per CHUNK_ROWS prompt tokens.
     fn prefill_rows(&self) -> Option<usize> {
-        chunk::chunk_enabled().then_some(chunk::CHUNK_ROWS)
+        self.dev.options().chunk.then_some(chunk::CHUNK_ROWS)
     }
 
     fn max_tree_rows(&self) -> usize {
@@ -283,11 +285,12 @@ impl Accelerator for CudaModel {
     }
 }
 
-/// Opens CUDA device `ordinal`, uploads `model`'s weights there and makes the model run its
-/// passes on it; the host copies of the matrices are dropped.
+/// Opens CUDA device `ordinal` with `opts`, uploads `model`'s weights there and makes the model
+/// run its passes on it; the host copies of the matrices are dropped.
 pub fn attach(
     model: &mut Model,
     ordinal: usize,
+    opts: &crate::CudaOptions,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
     // The kernels compile at first use: without NVRTC nothing could run, so say it now (and
@@ -297,7 +300,7 @@ pub fn attach(
             "the CUDA driver is present but NVRTC (libnvrtc.so) is not: the kernels cannot be compiled"
         );
     }
-    let dev = Arc::new(CudaDevice::open(ordinal)?);
+    let dev = Arc::new(CudaDevice::open_with(ordinal, opts.clone())?);
     // The device kernels read GGML blocks row after row, not the CPU's packed groups.
     model.unpack();
     let cm = CudaModel::upload(dev, model, progress)?;

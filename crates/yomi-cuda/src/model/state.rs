@@ -75,7 +75,7 @@ pub(super) struct RowBuffers {
 }
 
 /// Which of the [`RowBuffers`] a set needs beyond the residual stream: the widest fused
-/// projection and the split projections' buffers (`YOMI_CUDA_FUSE=0` or weights stored apart).
+/// projection and the split projections' buffers (`CudaOptions::fuse` false or weights stored apart).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct RowNeeds {
     pub proj_width: usize,

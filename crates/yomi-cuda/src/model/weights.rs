@@ -44,7 +44,7 @@ pub(super) enum GateUp {
     /// bf16, fused, rows interleaved: one launch writes silu(gate)·up
     /// ([`CudaDevice::linear_swiglu`], bit-identical to the stacked matrix and `swiglu_pair`).
     Swiglu(GateUpMatrix),
-    /// Other formats, an intermediate size that is not a multiple of 8, or `YOMI_CUDA_FUSE=0`:
+    /// Other formats, an intermediate size that is not a multiple of 8, or `CudaOptions::fuse` false:
     /// one stacked matrix then `swiglu_pair`, or two matrices then `swiglu`.
     Proj(Proj),
 }
@@ -183,7 +183,7 @@ fn stacked(parts: &[&Matrix]) -> Option<Matrix> {
 }
 
 /// Uploads projections of one input, stacked into one matrix when `fuse` and their storage
-/// allows (`YOMI_CUDA_FUSE=0` keeps them apart, for comparisons).
+/// allows (`CudaOptions::fuse` false keeps them apart, for comparisons).
 fn upload_proj(
     dev: &CudaDevice,
     parts: &[(&Matrix, Option<&Vec<f32>>)],
@@ -258,7 +258,7 @@ impl DevWeights {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
         let total = model.layers.len() + 2;
-        let fuse = std::env::var("YOMI_CUDA_FUSE").map_or(true, |v| v != "0");
+        let fuse = dev.options().fuse;
         let embed = upload_matrix(dev, &model.embed).context("uploading the embedding")?;
         progress(1, total);
         let mut layers = Vec::with_capacity(model.layers.len());

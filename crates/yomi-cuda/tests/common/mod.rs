@@ -7,10 +7,17 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaSlice};
 use yomi_cuda::CudaDevice;
 
-/// Device 0. These tests run only when asked (`--ignored`), on a machine with a GPU: without
-/// one they fail rather than pass having tested nothing.
+#[path = "../../examples/common/options.rs"]
+mod options;
+pub use options::cuda_options_from_env;
+
+/// Device 0, with the options of the environment ([`cuda_options_from_env`]: the `yomi`
+/// binary's `YOMI_CUDA_*` switches and kernel cache). These tests run only when asked
+/// (`--ignored`), on a machine with a GPU: without one they fail rather than pass having tested
+/// nothing.
 pub fn dev() -> CudaDevice {
-    CudaDevice::open(0).unwrap_or_else(|e| panic!("these tests need a CUDA device: {e}"))
+    CudaDevice::open_with(0, cuda_options_from_env())
+        .unwrap_or_else(|e| panic!("these tests need a CUDA device: {e}"))
 }
 
 /// xorshift64: the same seed gives the same inputs on every machine.
