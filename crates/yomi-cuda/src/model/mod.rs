@@ -254,6 +254,11 @@ impl Accelerator for CudaModel {
         self.run_reset(st)
     }
 
+    fn memory_in_use(&self) -> Option<u64> {
+        let (free, total) = self.dev.context().mem_get_info().ok()?;
+        Some(total.saturating_sub(free) as u64)
+    }
+
     fn supports_prefix_copies(&self) -> bool {
         true
     }
