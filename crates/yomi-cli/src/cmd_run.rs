@@ -1,8 +1,9 @@
 //! `yomi run`: one prompt, streamed, then stats.
 
-use anyhow::{Result, bail};
+use anyhow::{Result, anyhow, bail};
 use clap::Args;
 use std::io::Write;
+use yomi_engine::generate::validate_stop;
 use yomi_engine::stats::StatsRecorder;
 use yomi_engine::template::ChatMessage;
 use yomi_engine::{GenerateParams, Prompt};
@@ -27,7 +28,7 @@ pub struct RunArgs {
     /// Maximum number of tokens to generate.
     #[arg(long, default_value_t = 512, value_name = "N")]
     pub max_tokens: usize,
-    /// Stop when this text appears (repeatable).
+    /// Stop when this text appears (repeatable: at most 4, each at most 256 bytes).
     #[arg(long, value_name = "TEXT")]
     pub stop: Vec<String>,
     /// Ask a thinking model to answer without thinking (chat template's enable_thinking=false).
@@ -45,6 +46,8 @@ pub fn run(a: RunArgs, settings: &Settings) -> Result<()> {
     if a.message.trim().is_empty() {
         bail!("the prompt is empty (give one with -m \"…\")");
     }
+    // Before loading the model (generate checks it again).
+    validate_stop(&a.stop).map_err(|e| anyhow!("--stop: {e}"))?;
     let stats = StatsRecorder::start();
     let engine = load_engine(&a.model, settings)?;
     // Stats count from request arrival; loading the model is not part of the request.

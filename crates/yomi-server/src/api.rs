@@ -3,6 +3,7 @@
 
 use serde_json::{Map, Value, json};
 use yomi_engine::FinishReason;
+use yomi_engine::generate::validate_stop;
 use yomi_engine::stats::GenerationStats;
 use yomi_engine::template::ChatMessage;
 
@@ -95,14 +96,16 @@ fn opt_f32(m: &Map<String, Value>, key: &str) -> Result<Option<f32>, ApiError> {
     }
 }
 
-fn opt_i64(m: &Map<String, Value>, key: &str) -> Result<Option<i64>, ApiError> {
+/// An integer field; i128 holds every JSON integer serde_json parses (i64 and u64), so a
+/// value above i64::MAX is not wrapped to a negative one.
+fn opt_int(m: &Map<String, Value>, key: &str) -> Result<Option<i128>, ApiError> {
     match field(m, key) {
         None => Ok(None),
         Some(Value::Number(n)) => {
             if let Some(i) = n.as_i64() {
-                Ok(Some(i))
+                Ok(Some(i.into()))
             } else if let Some(u) = n.as_u64() {
-                Ok(Some(u as i64))
+                Ok(Some(u.into()))
             } else {
                 Err(ApiError::bad_param(
                     key,
@@ -139,11 +142,12 @@ fn opt_str(m: &Map<String, Value>, key: &str) -> Result<Option<String>, ApiError
     }
 }
 
-/// `stop`: a string or a list of strings.
+/// `stop`: a string or a list of strings, within the engine's limits on their number and
+/// length ([`validate_stop`]).
 fn parse_stop(m: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
-    match field(m, "stop") {
-        None => Ok(Vec::new()),
-        Some(Value::String(s)) => Ok(vec![s.clone()]),
+    let stop = match field(m, "stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(a)) => a
             .iter()
             .map(|x| {
@@ -151,18 +155,22 @@ fn parse_stop(m: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
                     ApiError::bad_param("stop", "`stop` must be a string or a list of strings")
                 })
             })
-            .collect(),
-        Some(_) => Err(ApiError::bad_param(
-            "stop",
-            "`stop` must be a string or a list of strings",
-        )),
-    }
+            .collect::<Result<_, _>>()?,
+        Some(_) => {
+            return Err(ApiError::bad_param(
+                "stop",
+                "`stop` must be a string or a list of strings",
+            ));
+        }
+    };
+    validate_stop(&stop).map_err(|e| ApiError::bad_param("stop", format!("`stop`: {e}")))?;
+    Ok(stop)
 }
 
 /// Parameters that would change the output in ways yomi does not implement are refused
 /// rather than ignored.
 fn refuse_unsupported(m: &Map<String, Value>) -> Result<(), ApiError> {
-    if let Some(n) = opt_i64(m, "n")?
+    if let Some(n) = opt_int(m, "n")?
         && n != 1
     {
         return Err(ApiError::bad_param(
@@ -189,12 +197,73 @@ fn refuse_unsupported(m: &Map<String, Value>) -> Result<(), ApiError> {
             ));
         }
     }
-    if let Some(Value::Array(t)) = field(m, "tools")
-        && !t.is_empty()
+    match field(m, "tools") {
+        None => {}
+        Some(Value::Array(t)) if t.is_empty() => {}
+        Some(Value::Array(_)) => {
+            return Err(ApiError::bad_param(
+                "tools",
+                "tool calling is not supported",
+            ));
+        }
+        Some(v) => {
+            return Err(ApiError::bad_param(
+                "tools",
+                format!(
+                    "`tools` must be a list (and tool calling is not supported), got {}",
+                    kind_name(v)
+                ),
+            ));
+        }
+    }
+    // Plain text is what yomi produces anyway; JSON modes and schemas would need constrained
+    // decoding.
+    match field(m, "response_format") {
+        None => {}
+        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("text") => {}
+        Some(Value::Object(o)) => {
+            let what = match o.get("type") {
+                Some(Value::String(t)) => format!("{t:?}"),
+                Some(v) => kind_name(v).to_string(),
+                None => "no type".to_string(),
+            };
+            return Err(ApiError::bad_param(
+                "response_format",
+                format!("`response_format` {what} is not supported (only {{\"type\": \"text\"}})"),
+            ));
+        }
+        Some(v) => {
+            return Err(ApiError::bad_param(
+                "response_format",
+                format!("`response_format` must be an object, got {}", kind_name(v)),
+            ));
+        }
+    }
+    match field(m, "logit_bias") {
+        None => {}
+        Some(Value::Object(o)) if o.is_empty() => {}
+        Some(Value::Object(_)) => {
+            return Err(ApiError::bad_param(
+                "logit_bias",
+                "`logit_bias` is not supported",
+            ));
+        }
+        Some(v) => {
+            return Err(ApiError::bad_param(
+                "logit_bias",
+                format!(
+                    "`logit_bias` must be an object (and is not supported), got {}",
+                    kind_name(v)
+                ),
+            ));
+        }
+    }
+    if let Some(b) = opt_int(m, "best_of")?
+        && b != 1
     {
         return Err(ApiError::bad_param(
-            "tools",
-            "tool calling is not supported",
+            "best_of",
+            format!("only best_of = 1 is supported, got {b}"),
         ));
     }
     if opt_bool(m, "echo")? == Some(true) {
@@ -215,9 +284,9 @@ fn parse_common(
     prompt: PromptSpec,
 ) -> Result<ParsedRequest, ApiError> {
     refuse_unsupported(m)?;
-    let max_tokens = match opt_i64(m, "max_completion_tokens")? {
+    let max_tokens = match opt_int(m, "max_completion_tokens")? {
         Some(n) => Some(("max_completion_tokens", n)),
-        None => opt_i64(m, "max_tokens")?.map(|n| ("max_tokens", n)),
+        None => opt_int(m, "max_tokens")?.map(|n| ("max_tokens", n)),
     };
     let max_tokens = match max_tokens {
         None => None,
@@ -229,7 +298,7 @@ fn parse_common(
         }
         Some((_, n)) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
     };
-    let top_k = match opt_i64(m, "top_k")? {
+    let top_k = match opt_int(m, "top_k")? {
         None => None,
         Some(-1) | Some(0) => Some(0),
         Some(k) if k < 0 => {
@@ -262,7 +331,7 @@ fn parse_common(
         top_p: opt_f32(m, "top_p")?,
         top_k,
         min_p: opt_f32(m, "min_p")?,
-        seed: opt_i64(m, "seed")?.map(|s| s as u64),
+        seed: opt_int(m, "seed")?.map(|s| s as u64),
         stop: parse_stop(m)?,
         stream,
         include_usage,
@@ -670,6 +739,14 @@ mod tests {
             (r#""logprobs":true"#, "logprobs"),
             (r#""tools":[{"type":"function"}]"#, "tools"),
             (r#""presence_penalty":0.5"#, "presence_penalty"),
+            (r#""tools":"f""#, "tools"),
+            (
+                r#""response_format":{"type":"json_object"}"#,
+                "response_format",
+            ),
+            (r#""logit_bias":{"1":5}"#, "logit_bias"),
+            (r#""best_of":2"#, "best_of"),
+            (r#""stop":["a","b","c","d","e"]"#, "stop"),
             (
                 r#""stream_options":{"include_usage":1}"#,
                 "stream_options.include_usage",
@@ -695,6 +772,16 @@ mod tests {
         // Null and empty fields are as if absent.
         let body = format!(r#"{{{m},"temperature":null,"tools":[],"logprobs":false,"stop":null}}"#);
         assert!(parse_chat(body.as_bytes()).is_ok());
+        let body = format!(
+            r#"{{{m},"response_format":{{"type":"text"}},"logit_bias":{{}},"best_of":1,"tools":null}}"#
+        );
+        assert!(parse_chat(body.as_bytes()).is_ok());
+        // Integers past i64::MAX keep their value.
+        let body = format!(r#"{{{m},"max_tokens":9223372036854775808}}"#);
+        assert_eq!(
+            parse_chat(body.as_bytes()).unwrap().max_tokens,
+            Some(1usize << 63)
+        );
     }
 
     #[test]

@@ -13,6 +13,8 @@ pub struct ApiError {
     pub kind: &'static str,
     pub param: Option<String>,
     pub code: Option<&'static str>,
+    /// Seconds for a `Retry-After` header (503s).
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -23,6 +25,7 @@ impl ApiError {
             kind,
             param: None,
             code: None,
+            retry_after: None,
         }
     }
 
@@ -51,6 +54,11 @@ impl ApiError {
         self
     }
 
+    pub fn with_retry_after(mut self, secs: u64) -> Self {
+        self.retry_after = Some(secs);
+        self
+    }
+
     /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
         json!({
@@ -72,6 +80,11 @@ impl std::fmt::Display for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, s.into());
+        }
+        r
     }
 }

@@ -8,7 +8,11 @@
 //! generation at the next token and frees the engine. The prefix cache is on unless turned
 //! off. Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) with
 //! 400 (bad JSON or parameters, context overflow), 401 (API key), 404 (unknown model or
-//! route), 413 (body too large), 503 (queue full) and 500 (engine failure).
+//! route), 413 (body too large, or a `Content-Length` that says so), 503 (queue full, with
+//! `Retry-After`) and 500 (engine failure). Parameters that would change the output in ways
+//! yomi does not implement (`n`, `best_of`, penalties, `logprobs`, `logit_bias`, `tools`,
+//! a `response_format` other than text, `echo`, `suffix`) get 400 rather than being ignored;
+//! `stop` takes at most 4 strings of at most 256 bytes each.
 
 pub mod api;
 pub mod client;
@@ -52,6 +56,9 @@ use crate::worker::{Event, Job};
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
 /// Default number of requests that may wait for the engine (besides the one running).
 pub const DEFAULT_QUEUE_SIZE: usize = 32;
+/// `Retry-After` of a 503 (queue full): a place frees when the running request ends, so a
+/// short wait; clients back off further on repeated 503s.
+const RETRY_AFTER_SECS: u64 = 1;
 
 /// How to serve (the address is [`bind`]'s).
 #[derive(Clone, Debug)]
@@ -260,6 +267,24 @@ async fn method_not_allowed(req: Request) -> Response {
     .into_response()
 }
 
+/// The credentials of `Authorization: Bearer <token>`; the scheme name is case-insensitive
+/// (RFC 9110 §11.1), so `bearer` and `BEARER` work too.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Whether `given` equals `key`, in a time that does not depend on where they first differ
+/// (an early exit would let a client find the key byte by byte from response times). Only
+/// the key's length may show.
+fn same_key(given: &[u8], key: &[u8]) -> bool {
+    let mut diff = given.len() ^ key.len();
+    for (i, &g) in given.iter().enumerate() {
+        diff |= usize::from(g ^ key.get(i).copied().unwrap_or(0));
+    }
+    std::hint::black_box(diff) == 0
+}
+
 /// `--api-key`: every route but `/health` needs `Authorization: Bearer <key>`.
 async fn auth(State(app): State<AppState>, req: Request, next: Next) -> Response {
     if let Some(key) = &app.shared.cfg.api_key
@@ -269,9 +294,8 @@ async fn auth(State(app): State<AppState>, req: Request, next: Next) -> Response
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        if given != Some(key.as_str()) {
+            .and_then(bearer_token);
+        if !given.is_some_and(|g| same_key(g.as_bytes(), key.as_bytes())) {
             let msg = if given.is_none() {
                 "missing API key: send `Authorization: Bearer <key>`"
             } else {
@@ -285,16 +309,34 @@ async fn auth(State(app): State<AppState>, req: Request, next: Next) -> Response
     next.run(req).await
 }
 
+fn too_large() -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "invalid_request_error",
+        "the request body is too large",
+    )
+    .with_code("request_too_large")
+}
+
+/// A `Content-Length` beyond the body limit gets 413 at once, before the body is read (else
+/// the server would wait for bytes a client may never send).
+async fn declared_length(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > app.shared.cfg.max_body_bytes as u64) {
+        return too_large().into_response();
+    }
+    next.run(req).await
+}
+
 /// A body that could not be read: 413 beyond the size limit, else 400.
 fn body_error(rej: BytesRejection) -> ApiError {
     let status = rej.status();
     if status == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::new(
-            status,
-            "invalid_request_error",
-            "the request body is too large",
-        )
-        .with_code("request_too_large")
+        too_large()
     } else {
         ApiError::new(
             if status.is_client_error() {
@@ -483,7 +525,8 @@ async fn start(
                 app.shared.cfg.queue_size
             ),
         )
-        .with_code("queue_full"));
+        .with_code("queue_full")
+        .with_retry_after(RETRY_AFTER_SECS));
     }
     let (tx, rx) = unbounded_channel();
     let job = Job {
@@ -672,6 +715,10 @@ fn build_app(engine: Engine, cfg: ServerConfig) -> (Router, Arc<Shared>) {
         .route("/v1/completions", post(completions))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&app),
+            declared_length,
+        ))
         .layer(middleware::from_fn_with_state(Arc::clone(&app), auth))
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(app);
@@ -829,4 +876,23 @@ pub fn default_model_name(path: &std::path::Path) -> String {
         .filter(|n| !n.is_empty())
         .unwrap_or("default")
         .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_bearer_tokens() {
+        assert!(same_key(b"sekret", b"sekret"));
+        for wrong in [&b"sekre"[..], b"sekretx", b"sekrex", b"", b"SEKRET"] {
+            assert!(!same_key(wrong, b"sekret"), "{wrong:?}");
+        }
+        assert!(same_key(b"", b""));
+        assert_eq!(bearer_token("Bearer k"), Some("k"));
+        assert_eq!(bearer_token("bearer  k "), Some("k"));
+        assert_eq!(bearer_token("BeArEr k"), Some("k"));
+        assert_eq!(bearer_token("Basic k"), None);
+        assert_eq!(bearer_token("Bearerk"), None);
+    }
 }

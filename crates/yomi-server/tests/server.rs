@@ -4,6 +4,7 @@
 //! (400), bad parameters (400), unknown model (404), oversized bodies (413), context overflow
 //! (400), missing API key (401), a full queue (503) — and a disconnect that frees the engine.
 
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -81,6 +82,54 @@ fn assert_error(got: (u16, Value), status: u16, param: Option<&str>, code: Optio
     if let Some(c) = code {
         assert_eq!(e["code"], c, "{v}");
     }
+}
+
+/// Sends a hand-written request (`head`: the request line and headers, without the blank
+/// line) and `body` as given; returns the status, a header (lower-case name) and the JSON
+/// body. Panics when no answer comes within 10 s.
+fn raw_request(
+    ep: &Endpoint,
+    head: &str,
+    body: &[u8],
+    header: &str,
+) -> (u16, Option<String>, Value) {
+    let mut s = std::net::TcpStream::connect((ep.host.as_str(), ep.port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut req = format!("{head}\r\nHost: x\r\nConnection: close\r\n\r\n").into_bytes();
+    req.extend_from_slice(body);
+    s.write_all(&req).expect("send");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let (status, value, want) = loop {
+        let n = s.read(&mut buf).expect("no answer from the server");
+        assert!(
+            n > 0,
+            "connection closed: {}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&got).to_string();
+        let Some(end) = text.find("\r\n\r\n") else {
+            continue;
+        };
+        let head = text[..end].to_ascii_lowercase();
+        let status: u16 = head.split(' ').nth(1).unwrap().parse().unwrap();
+        let find = |name: &str| {
+            head.lines().find_map(|l| {
+                l.strip_prefix(&format!("{name}:"))
+                    .map(|v| v.trim().to_string())
+            })
+        };
+        let len: usize = find("content-length")
+            .expect("content-length")
+            .parse()
+            .unwrap();
+        if got.len() >= end + 4 + len {
+            let v = serde_json::from_slice(&got[end + 4..end + 4 + len]).expect("json body");
+            break (status, v, find(header));
+        }
+    };
+    (status, want, value)
 }
 
 fn chat_body(content: &str, max_tokens: usize) -> Value {
@@ -378,6 +427,142 @@ fn bad_requests_get_openai_errors() {
     h.shutdown();
 }
 
+/// Parameters yomi does not implement are refused (400 naming them), never ignored; their
+/// harmless values are accepted.
+#[test]
+fn unsupported_fields_are_refused() {
+    let (h, ep) = serve(config());
+    let chat = "/v1/chat/completions";
+    for (field, value) in [
+        ("response_format", json!({"type": "json_object"})),
+        (
+            "response_format",
+            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+        ),
+        ("response_format", json!({})),
+        ("response_format", json!("json")),
+        ("logit_bias", json!({"15": 100})),
+        ("logit_bias", json!([1])),
+        ("best_of", json!(2)),
+        ("tools", json!("get_weather")),
+        ("tools", json!({"type": "function"})),
+        (
+            "tools",
+            json!([{"type": "function", "function": {"name": "f"}}]),
+        ),
+    ] {
+        let mut b = chat_body("hi", 2);
+        b[field] = value.clone();
+        assert_error(post(&ep, chat, &b), 400, Some(field), None);
+    }
+    let mut b = json!({"model": NAME, "prompt": "x", "max_tokens": 2});
+    b["best_of"] = json!(3);
+    assert_error(post(&ep, "/v1/completions", &b), 400, Some("best_of"), None);
+    // The defaults and empty values change nothing.
+    let mut b = chat_body("hi", 2);
+    b["response_format"] = json!({"type": "text"});
+    b["logit_bias"] = json!({});
+    b["best_of"] = json!(1);
+    b["tools"] = json!([]);
+    let (s, v) = post(&ep, chat, &b);
+    assert_eq!(s, 200, "{v}");
+    h.shutdown();
+}
+
+/// At most 4 stop strings (OpenAI's limit) of at most 256 bytes each: each one is checked on
+/// every token.
+#[test]
+fn stop_strings_are_bounded() {
+    let (h, ep) = serve(config());
+    let chat = "/v1/chat/completions";
+    let cases = [
+        json!(["a", "b", "c", "d", "e"]),
+        json!("x".repeat(257)),
+        json!(["ok", "é".repeat(129)]),
+        json!("x".repeat(7 << 20)),
+    ];
+    for stop in cases {
+        let mut b = chat_body("hi", 2);
+        b["stop"] = stop;
+        let (s, v) = post(&ep, chat, &b);
+        assert_error((s, v.clone()), 400, Some("stop"), None);
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains("stop"),
+            "{v}"
+        );
+    }
+    let mut b = json!({"model": NAME, "prompt": "x", "max_tokens": 2});
+    b["stop"] = json!(["1", "2", "3", "4", "5"]);
+    assert_error(post(&ep, "/v1/completions", &b), 400, Some("stop"), None);
+    // The limits themselves are fine.
+    let mut b = chat_body("hi", 2);
+    b["stop"] = json!(["a", "b", "c", "x".repeat(256)]);
+    let (s, v) = post(&ep, chat, &b);
+    assert_eq!(s, 200, "{v}");
+    h.shutdown();
+}
+
+/// Counts beyond i64 are reported as they were sent, not wrapped to negative numbers.
+#[test]
+fn huge_max_tokens_is_reported_as_sent() {
+    let (h, ep) = serve(config());
+    for (key, n) in [
+        ("max_tokens", 1u64 << 63),
+        ("max_tokens", u64::MAX),
+        ("max_completion_tokens", 1u64 << 63),
+    ] {
+        let mut b = chat_body("hi", 2);
+        b.as_object_mut().unwrap().remove("max_tokens");
+        b[key] = json!(n);
+        let (s, v) = post(&ep, "/v1/chat/completions", &b);
+        let msg = v["error"]["message"].as_str().unwrap_or("").to_string();
+        assert_error((s, v), 400, None, Some("context_length_exceeded"));
+        assert!(msg.contains(&n.to_string()), "{msg}");
+        assert!(!msg.contains('-'), "{msg}");
+    }
+    let (s, v) = post(
+        &ep,
+        "/v1/completions",
+        &json!({"prompt": "x", "top_k": 1u64 << 63, "max_tokens": 2}),
+    );
+    assert_eq!(s, 200, "{v}");
+    h.shutdown();
+}
+
+/// A declared body beyond the limit is refused at once, without waiting for the body.
+#[test]
+fn a_huge_content_length_is_refused_up_front() {
+    let (h, ep) = serve_engine(
+        engine(256),
+        ServerConfig {
+            max_body_bytes: 4096,
+            ..config()
+        },
+    );
+    let t0 = Instant::now();
+    let (s, _, v) = raw_request(
+        &ep,
+        "POST /v1/chat/completions HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 1000000000000",
+        b"{\"messages\":",
+        "x",
+    );
+    assert_error((s, v), 413, None, Some("request_too_large"));
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    // Within the limit, a declared length is honoured as before.
+    let body = serde_json::to_vec(&chat_body("hi", 2)).unwrap();
+    let (s, _, v) = raw_request(
+        &ep,
+        &format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: {}",
+            body.len()
+        ),
+        &body,
+        "x",
+    );
+    assert_eq!(s, 200, "{v}");
+    h.shutdown();
+}
+
 #[test]
 fn api_key_is_required_when_set() {
     let (h, ep) = serve(ServerConfig {
@@ -395,6 +580,28 @@ fn api_key_is_required_when_set() {
     assert_eq!(r.status, 401);
     let r = post_json(&ep, chat, &body, Some("sekret"), T).expect("request");
     assert_eq!(r.status, 200);
+    // Keys that share a prefix with the real one, or differ only in the last byte.
+    for wrong in ["sekre", "sekretx", "sekrex", "", "SEKRET"] {
+        let r = post_json(&ep, chat, &body, Some(wrong), T).expect("request");
+        assert_eq!(r.status, 401, "{wrong:?}");
+    }
+    // The scheme name is case-insensitive; the key is not.
+    for (auth, status) in [
+        ("bearer sekret", 200),
+        ("BEARER sekret", 200),
+        ("Bearer  sekret ", 200),
+        ("Basic sekret", 401),
+        ("Bearersekret", 401),
+        ("bearer Sekret", 401),
+    ] {
+        let (s, _, v) = raw_request(
+            &ep,
+            &format!("GET /v1/models HTTP/1.1\r\nAuthorization: {auth}"),
+            b"",
+            "x",
+        );
+        assert_eq!(s, status, "{auth}: {v}");
+    }
     // Health needs no key.
     assert_eq!(get(&ep, "/health", None, T).expect("health").status, 200);
     h.shutdown();
@@ -424,8 +631,10 @@ fn a_full_queue_answers_503() {
     wait_for("one admitted", waiting(1));
     let b = send(&ep);
     wait_for("two admitted", waiting(2));
-    let got = post(&ep, "/v1/chat/completions", &chat_body("hi", 3));
-    assert_error(got, 503, None, Some("queue_full"));
+    let r = post_json(&ep, "/v1/chat/completions", &chat_body("hi", 3), None, T).unwrap();
+    assert_eq!(r.header("retry-after"), Some("1"), "{r:?}");
+    let s = r.status;
+    assert_error((s, r.json().unwrap()), 503, None, Some("queue_full"));
     // Streaming requests are refused the same way, before any event.
     let mut sb = chat_body("hi", 3);
     sb["stream"] = json!(true);
@@ -442,6 +651,10 @@ fn a_full_queue_answers_503() {
     }
     let v = h.health();
     assert_eq!(v["requests"]["rejected"], 2);
+    // Other errors carry no Retry-After.
+    let r = post_json(&ep, "/v1/chat/completions", &json!({}), None, T).unwrap();
+    assert_eq!(r.status, 400);
+    assert_eq!(r.header("retry-after"), None);
     assert_eq!(v["requests"]["completed"], 2);
     // Room again.
     let (s, _) = post(&ep, "/v1/chat/completions", &chat_body("hi", 3));
