@@ -818,3 +818,184 @@ fn sentencepiece_gguf_runs() {
     want.extend(expected_ids("Hello world"));
     assert_eq!(ids(&raw["prompt_ids"]), want);
 }
+
+/// `--stop` is bounded as the server's `stop` is: at most 4 strings of at most 256 bytes.
+#[test]
+fn too_many_or_too_long_stop_strings() {
+    let dir = fixture("qwen35-tiny");
+    let model = dir.to_str().unwrap();
+    let mut args = vec!["run", "--model", model, "-m", "hi", "--max-tokens", "2"];
+    for s in ["a", "b", "c", "d", "e"] {
+        args.extend(["--stop", s]);
+    }
+    assert_clean_error(&yomi(&args), "--stop: at most 4 stop strings");
+    let long = "x".repeat(257);
+    let out = yomi(&[
+        "run",
+        "--model",
+        model,
+        "-m",
+        "hi",
+        "--max-tokens",
+        "2",
+        "--stop",
+        &long,
+    ]);
+    assert_clean_error(&out, "at most 256 bytes");
+    let ok = "x".repeat(256);
+    let out = yomi(&[
+        "run",
+        "--model",
+        model,
+        "-m",
+        "hi",
+        "--max-tokens",
+        "2",
+        "--stop",
+        "a",
+        "--stop",
+        &ok,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Writes `config.json` of a copy of the fixture with `edit` applied.
+fn edited_config(edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
+    let d = broken_copy();
+    let path = d.path().join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, v.to_string()).unwrap();
+    d
+}
+
+/// Values in config.json that would load and then panic or compute NaNs are refused at load,
+/// with the field named.
+#[test]
+fn bad_config_values_are_named() {
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(Edit, &str); 5] = [
+        (
+            |v| v["rms_norm_eps"] = serde_json::json!(-1),
+            "rms_norm_eps",
+        ),
+        (
+            |v| v["rope_parameters"]["rope_theta"] = serde_json::json!(0),
+            "rope_theta",
+        ),
+        (
+            |v| v["rope_parameters"]["partial_rotary_factor"] = serde_json::json!(0),
+            "partial_rotary_factor",
+        ),
+        (
+            |v| v["pad_token_id"] = serde_json::json!(512),
+            "pad_token_id",
+        ),
+        (
+            |v| v["num_key_value_heads"] = serde_json::json!(3),
+            "num_key_value_heads",
+        ),
+    ];
+    for (edit, needle) in cases {
+        let d = edited_config(edit);
+        assert_clean_error(&run_on(d.path()), needle);
+    }
+}
+
+/// A copy of the SentencePiece llama GGUF with the 4-byte value (u32 or f32) of the metadata
+/// `key` overwritten in place.
+fn gguf_with(dir: &Path, key: &str, value: [u8; 4]) -> PathBuf {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data/llama-tiny-spm-gguf/llama-tiny-spm-f16.gguf");
+    let mut bytes = std::fs::read(src).unwrap();
+    let mut needle = (key.len() as u64).to_le_bytes().to_vec();
+    needle.extend(key.as_bytes());
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle.as_slice())
+        .unwrap_or_else(|| panic!("no key {key}"))
+        + needle.len();
+    let ty = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+    assert!(ty == 4 || ty == 6, "{key} has type {ty}, not u32 or f32");
+    bytes[at + 4..at + 8].copy_from_slice(&value);
+    let p = dir.join("m.gguf");
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+/// GGUF metadata that used to load and then panic (rotary width 0: exit 101) or compute NaNs
+/// is a one-line error naming the key.
+#[test]
+fn bad_gguf_metadata_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (key, value, needle) in [
+        (
+            "llama.rope.dimension_count",
+            0u32.to_le_bytes(),
+            "rope.dimension_count",
+        ),
+        (
+            "llama.rope.dimension_count",
+            7u32.to_le_bytes(),
+            "rope.dimension_count",
+        ),
+        (
+            "llama.rope.freq_base",
+            f32::NAN.to_le_bytes(),
+            "rope.freq_base",
+        ),
+        (
+            "llama.attention.layer_norm_rms_epsilon",
+            (-1.0f32).to_le_bytes(),
+            "layer_norm_rms_epsilon",
+        ),
+        (
+            "llama.attention.head_count",
+            0u32.to_le_bytes(),
+            "attention.head_count",
+        ),
+        (
+            "tokenizer.ggml.eos_token_id",
+            600u32.to_le_bytes(),
+            "eos_token_id",
+        ),
+    ] {
+        let p = gguf_with(tmp.path(), key, value);
+        let out = yomi(&[
+            "run",
+            "--model",
+            p.to_str().unwrap(),
+            "-m",
+            "hi",
+            "--max-tokens",
+            "2",
+        ]);
+        assert_clean_error(&out, needle);
+    }
+    // The copy itself is fine.
+    let p = gguf_with(
+        tmp.path(),
+        "llama.rope.dimension_count",
+        16u32.to_le_bytes(),
+    );
+    let out = yomi(&[
+        "run",
+        "--model",
+        p.to_str().unwrap(),
+        "-m",
+        "hi",
+        "--max-tokens",
+        "2",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

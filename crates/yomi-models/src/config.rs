@@ -325,6 +325,22 @@ impl ModelConfig {
             eos_token_ids: eos,
         };
         cfg.validate()?;
+        // Ids not in the vocabulary would never match (pad) or be looked up out of range.
+        for key in ["bos_token_id", "pad_token_id"] {
+            let id = text
+                .get(key)
+                .filter(|x| !x.is_null())
+                .or_else(|| v.get(key))
+                .and_then(Value::as_u64);
+            if let Some(id) = id
+                && id >= cfg.vocab_size as u64
+            {
+                bail!(
+                    "`{key}` {id} is outside the vocabulary of {} tokens",
+                    cfg.vocab_size
+                );
+            }
+        }
         Ok(cfg)
     }
 
@@ -337,15 +353,20 @@ impl ModelConfig {
                 Ok(())
             }
         };
-        nz(self.hidden_size, "hidden_size")?;
-        nz(self.num_layers, "num_hidden_layers")?;
+        // Config.json and GGUF names of each field, for the messages.
+        nz(self.hidden_size, "hidden_size / embedding_length")?;
+        nz(self.num_layers, "num_hidden_layers / block_count")?;
         nz(self.vocab_size, "vocab_size")?;
-        nz(self.num_heads, "num_attention_heads")?;
-        nz(self.num_kv_heads, "num_key_value_heads")?;
-        nz(self.head_dim, "head_dim")?;
+        nz(self.num_heads, "num_attention_heads / attention.head_count")?;
+        nz(
+            self.num_kv_heads,
+            "num_key_value_heads / attention.head_count_kv",
+        )?;
+        nz(self.head_dim, "head_dim / attention.key_length")?;
         if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             bail!(
-                "num_attention_heads ({}) is not a multiple of num_key_value_heads ({})",
+                "num_attention_heads ({}) is not a multiple of num_key_value_heads ({}) \
+                 (attention.head_count / attention.head_count_kv)",
                 self.num_heads,
                 self.num_kv_heads
             );
@@ -384,11 +405,48 @@ impl ModelConfig {
         if self.layer_kinds.contains(&LayerKind::GatedDeltaNet) && self.gdn.is_none() {
             bail!("Gated DeltaNet layers need GDN sizes");
         }
-        if !self.rotary_dim.is_multiple_of(2) || self.rotary_dim > self.head_dim {
+        if self.rotary_dim == 0
+            || !self.rotary_dim.is_multiple_of(2)
+            || self.rotary_dim > self.head_dim
+        {
             bail!(
-                "rotary dim {} must be even and ≤ head_dim {}",
+                "rotary dim {} (head_dim × partial_rotary_factor / rope.dimension_count) must be \
+                 even, > 0 and ≤ head_dim {}",
                 self.rotary_dim,
                 self.head_dim
+            );
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            bail!(
+                "RoPE theta (rope_theta / rope.freq_base) must be a finite number > 0, got {}",
+                self.rope_theta
+            );
+        }
+        let factor = match &self.rope_scaling {
+            RopeScaling::None => None,
+            RopeScaling::Linear(f) => Some(*f),
+            RopeScaling::Llama3(s) => Some(s.factor),
+        };
+        if let Some(f) = factor
+            && !(f.is_finite() && f > 0.0)
+        {
+            bail!("the RoPE scaling factor must be a finite number > 0, got {f}");
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
+            bail!(
+                "RMSNorm epsilon (rms_norm_eps / attention.layer_norm_rms_epsilon) must be a \
+                 finite number > 0, got {}",
+                self.rms_norm_eps
+            );
+        }
+        if let Some(&id) = self
+            .eos_token_ids
+            .iter()
+            .find(|&&id| id as usize >= self.vocab_size)
+        {
+            bail!(
+                "eos_token_id {id} is outside the vocabulary of {} tokens",
+                self.vocab_size
             );
         }
         Ok(())
@@ -463,5 +521,46 @@ mod tests {
                 .to_string()
                 .contains("yarn")
         );
+    }
+
+    /// Values that would load and then fail (a panic, NaNs) are refused with the field named.
+    #[test]
+    fn bad_values_are_named() {
+        let base = json!({
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 10, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0
+        });
+        assert!(ModelConfig::from_hf_json(&base).is_ok());
+        for (key, value, needle) in [
+            ("rms_norm_eps", json!(-1), "rms_norm_eps"),
+            ("rms_norm_eps", json!(0), "rms_norm_eps"),
+            ("rms_norm_eps", json!(1e300), "rms_norm_eps"),
+            ("rope_theta", json!(0), "rope_theta"),
+            ("rope_theta", json!(-10000.0), "rope_theta"),
+            ("partial_rotary_factor", json!(0), "partial_rotary_factor"),
+            ("partial_rotary_factor", json!(2), "partial_rotary_factor"),
+            ("head_dim", json!(15), "partial_rotary_factor"),
+            ("num_attention_heads", json!(0), "num_attention_heads"),
+            ("num_key_value_heads", json!(0), "num_key_value_heads"),
+            ("num_key_value_heads", json!(3), "num_key_value_heads"),
+            ("eos_token_id", json!(10), "eos_token_id"),
+            ("eos_token_id", json!([2, 11]), "eos_token_id"),
+            ("bos_token_id", json!(10), "bos_token_id"),
+            ("pad_token_id", json!(99), "pad_token_id"),
+        ] {
+            let mut v = base.clone();
+            v[key] = value.clone();
+            let e = format!("{:#}", ModelConfig::from_hf_json(&v).unwrap_err());
+            assert!(e.contains(needle), "{key} = {value}: {e}");
+        }
+        let mut v = base.clone();
+        v["rope_scaling"] = json!({"rope_type": "linear", "factor": 0});
+        let e = format!("{:#}", ModelConfig::from_hf_json(&v).unwrap_err());
+        assert!(e.contains("scaling factor"), "{e}");
+        // A config that loads can still be broken by hand; validate catches it too.
+        let mut c = ModelConfig::from_hf_json(&base).unwrap();
+        c.rope_theta = f64::NAN;
+        assert!(c.validate().unwrap_err().to_string().contains("rope_theta"));
     }
 }

@@ -566,7 +566,32 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
         eos_token_ids: eos,
     };
     cfg.validate()?;
+    check_special_tokens(f, vocab)?;
     Ok(cfg)
+}
+
+/// Every `tokenizer.ggml.*_token_id` (bos, eos, eot, padding, unknown, …) must name a token of
+/// the vocabulary: the model's and, when the file lists its tokens, the tokenizer's.
+fn check_special_tokens(f: &GgufFile, vocab: usize) -> Result<()> {
+    let n = match f.get_array("tokenizer.ggml.tokens") {
+        Ok(a) => vocab.min(a.len()),
+        Err(_) => vocab,
+    };
+    for (key, v) in f.metadata() {
+        if !(key.starts_with("tokenizer.ggml.") && key.ends_with("_token_id")) {
+            continue;
+        }
+        let Some(id) = v.as_i128() else {
+            bail!(
+                "GGUF metadata: `{key}` must be an integer, found {}",
+                v.type_name()
+            );
+        };
+        if id < 0 || id >= n as i128 {
+            bail!("GGUF metadata: `{key}` = {id} is outside the vocabulary of {n} tokens");
+        }
+    }
+    Ok(())
 }
 
 /// Qwen3.5's layer kinds and Gated DeltaNet sizes from `qwen35.*` metadata. The M-RoPE
@@ -861,5 +886,98 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(c.layer_kinds, ok.layer_kinds);
+    }
+
+    /// Numbers that would load and then panic or give NaNs, and token ids outside the
+    /// vocabulary, are refused at load with the key named.
+    #[test]
+    fn bad_rope_norm_and_token_metadata_are_refused() {
+        let err = |key: &'static str, v: GgufValue| {
+            let f = qwen35_with(&move |kvs| {
+                kvs.retain(|(k, _)| k != key);
+                kvs.push((key.to_string(), v.clone()));
+            });
+            format!("{:#}", config_from_gguf(&f).unwrap_err())
+        };
+        for (key, v, needle) in [
+            (
+                "qwen35.rope.dimension_count",
+                GgufValue::U32(0),
+                "rope.dimension_count",
+            ),
+            (
+                "qwen35.rope.dimension_count",
+                GgufValue::U32(15),
+                "rope.dimension_count",
+            ),
+            (
+                "qwen35.rope.dimension_count",
+                GgufValue::U32(4096),
+                "rope.dimension_count",
+            ),
+            (
+                "qwen35.rope.freq_base",
+                GgufValue::F32(f32::NAN),
+                "rope.freq_base",
+            ),
+            (
+                "qwen35.rope.freq_base",
+                GgufValue::F32(-1.0),
+                "rope.freq_base",
+            ),
+            (
+                "qwen35.rope.freq_base",
+                GgufValue::F32(f32::INFINITY),
+                "rope.freq_base",
+            ),
+            (
+                "qwen35.attention.layer_norm_rms_epsilon",
+                GgufValue::F32(-1e-6),
+                "layer_norm_rms_epsilon",
+            ),
+            (
+                "qwen35.attention.layer_norm_rms_epsilon",
+                GgufValue::F32(f32::NAN),
+                "layer_norm_rms_epsilon",
+            ),
+            (
+                "qwen35.attention.head_count",
+                GgufValue::U32(0),
+                "attention.head_count",
+            ),
+            (
+                "qwen35.attention.head_count_kv",
+                GgufValue::U32(3),
+                "head_count_kv",
+            ),
+            (
+                "tokenizer.ggml.eos_token_id",
+                GgufValue::U32(512),
+                "eos_token_id",
+            ),
+            (
+                "tokenizer.ggml.bos_token_id",
+                GgufValue::U32(100_000),
+                "tokenizer.ggml.bos_token_id",
+            ),
+            (
+                "tokenizer.ggml.padding_token_id",
+                GgufValue::I32(-1),
+                "tokenizer.ggml.padding_token_id",
+            ),
+            (
+                "tokenizer.ggml.eot_token_id",
+                GgufValue::String("2".into()),
+                "tokenizer.ggml.eot_token_id",
+            ),
+        ] {
+            let e = err(key, v.clone());
+            assert!(e.contains(needle), "{key} = {v:?}: {e}");
+        }
+        // The largest valid id loads.
+        let f = qwen35_with(&|kvs| {
+            kvs.push(("tokenizer.ggml.bos_token_id".into(), GgufValue::U32(511)));
+        });
+        assert!(config_from_gguf(&f).is_ok());
     }
 }
