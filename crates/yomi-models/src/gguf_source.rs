@@ -570,15 +570,22 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
     Ok(cfg)
 }
 
-/// Every `tokenizer.ggml.*_token_id` (bos, eos, eot, padding, unknown, …) must name a token of
-/// the vocabulary: the model's and, when the file lists its tokens, the tokenizer's.
+/// The special tokens yomi uses (`tokenizer.ggml.{bos,eos,eot}_token_id`) must name a token of
+/// the vocabulary: the model's and, when the file lists its tokens, the tokenizer's. Ids yomi
+/// never reads (padding, unknown, sep, …) are left alone: converters write placeholders such as
+/// −1 there, and llama.cpp loads such files.
 fn check_special_tokens(f: &GgufFile, vocab: usize) -> Result<()> {
+    const USED: [&str; 3] = [
+        "tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.eot_token_id",
+    ];
     let n = match f.get_array("tokenizer.ggml.tokens") {
         Ok(a) => vocab.min(a.len()),
         Err(_) => vocab,
     };
     for (key, v) in f.metadata() {
-        if !(key.starts_with("tokenizer.ggml.") && key.ends_with("_token_id")) {
+        if !USED.contains(&key.as_str()) {
             continue;
         }
         let Some(id) = v.as_i128() else {
@@ -961,11 +968,6 @@ mod tests {
                 "tokenizer.ggml.bos_token_id",
             ),
             (
-                "tokenizer.ggml.padding_token_id",
-                GgufValue::I32(-1),
-                "tokenizer.ggml.padding_token_id",
-            ),
-            (
                 "tokenizer.ggml.eot_token_id",
                 GgufValue::String("2".into()),
                 "tokenizer.ggml.eot_token_id",
@@ -974,9 +976,11 @@ mod tests {
             let e = err(key, v.clone());
             assert!(e.contains(needle), "{key} = {v:?}: {e}");
         }
-        // The largest valid id loads.
+        // The largest valid id loads, and so does a placeholder in an id yomi never reads.
         let f = qwen35_with(&|kvs| {
             kvs.push(("tokenizer.ggml.bos_token_id".into(), GgufValue::U32(511)));
+            kvs.retain(|(k, _)| k != "tokenizer.ggml.padding_token_id");
+            kvs.push(("tokenizer.ggml.padding_token_id".into(), GgufValue::I32(-1)));
         });
         assert!(config_from_gguf(&f).is_ok());
     }
