@@ -43,53 +43,18 @@ fn check_device(device: &str) -> Result<()> {
     Ok(())
 }
 
-/// Moves the loaded model's passes to the GPU when `--device` asks for it: `cuda` must succeed;
-/// `auto` takes the GPU when one is present and the model runs there, else stays on the CPU
-/// (saying why on stderr).
-fn place_model(engine: &mut Engine, device: &str, settings: &Settings) -> Result<()> {
-    let want = match device {
-        "cuda" => true,
-        "auto" => yomi_cuda::cuda_available(),
-        _ => false,
-    };
-    if !want {
-        return Ok(());
-    }
-    let bar = ProgressBar::new(0);
-    bar.set_style(
-        ProgressStyle::with_template("uploading to the GPU [{bar:30}] {pos}/{len} layers")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    let r = yomi_cuda::model::attach(&mut engine.model, 0, &settings.cuda, &mut |done, total| {
-        bar.set_length(total as u64);
-        bar.set_position(done as u64);
-    });
-    bar.finish_and_clear();
-    match r {
-        Ok(()) => Ok(()),
-        Err(e) if device == "auto" => {
-            eprintln!("note: running on the CPU: the GPU could not take the model: {e:#}");
-            Ok(())
-        }
-        Err(e) => Err(e.context("--device cuda")),
-    }
-}
-
 /// Prints an error as one line on stderr: `error: outer: inner: …`.
 pub fn print_error(e: &anyhow::Error) {
     let msg = format!("{e:#}").replace('\n', " ");
     eprintln!("error: {msg}");
 }
 
-/// Loads the model with a progress bar on stderr (hidden when stderr is not a terminal).
+/// Loads the model with a progress bar on stderr (hidden when stderr is not a terminal). On the
+/// GPU (`--device cuda`, or `auto` with one present) each layer goes to the device as it is
+/// read, so the host never holds the whole model; `auto` falls back to the CPU (saying why)
+/// when the GPU cannot take the model.
 pub fn load_engine(m: &ModelArgs, settings: &Settings) -> Result<Engine> {
     check_device(&m.device)?;
-    let bar = ProgressBar::new(0);
-    bar.set_style(
-        ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} tensors groups")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    bar.set_message(m.model.display().to_string());
     let opts = EngineOptions {
         context_size: m.ctx_size,
         threads: m.threads,
@@ -98,14 +63,60 @@ pub fn load_engine(m: &ModelArgs, settings: &Settings) -> Result<Engine> {
         pass_threads: settings.pass_threads,
         pass_trace: settings.pass_trace,
     };
-    let engine = Engine::load(&m.model, &opts, &mut |done, total| {
+    let gpu = match m.device.as_str() {
+        "cuda" => true,
+        "auto" => yomi_cuda::cuda_available(),
+        _ => false,
+    };
+    if gpu {
+        match load_on_gpu(m, &opts, settings) {
+            Ok(engine) => return Ok(engine),
+            Err((e, true)) if m.device == "auto" => {
+                eprintln!("note: running on the CPU: the GPU could not take the model: {e:#}");
+            }
+            Err((e, true)) => return Err(e.context("--device cuda")),
+            Err((e, false)) => return Err(e),
+        }
+    }
+    with_bar(m, "loading", |progress| {
+        Engine::load(&m.model, &opts, progress)
+    })
+}
+
+/// Loads the model straight onto GPU 0. The error says whether the device failed (true) or the
+/// model itself could not be read (false).
+fn load_on_gpu(
+    m: &ModelArgs,
+    opts: &EngineOptions,
+    settings: &Settings,
+) -> Result<Engine, (anyhow::Error, bool)> {
+    let mut up = yomi_cuda::model::Uploader::open(0, &settings.cuda).map_err(|e| (e, true))?;
+    let mut engine = with_bar(m, "loading to the GPU", |progress| {
+        Engine::load_into(&m.model, opts, progress, Some(&mut up))
+    })
+    .map_err(|e| (e, up.failed()))?;
+    up.finish(&mut engine.model).map_err(|e| (e, true))?;
+    Ok(engine)
+}
+
+/// Runs `load(progress)` under a progress bar of layers.
+fn with_bar<T>(
+    m: &ModelArgs,
+    what: &str,
+    load: impl FnOnce(&mut dyn FnMut(usize, usize)) -> Result<T>,
+) -> Result<T> {
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} layers")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_message(format!("{what} {}", m.model.display()));
+    let r = load(&mut |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     });
     bar.finish_and_clear();
-    let mut engine = engine?;
-    place_model(&mut engine, &m.device, settings)?;
-    Ok(engine)
+    r
 }
 
 /// Sampling flags shared by `run` and `chat`.

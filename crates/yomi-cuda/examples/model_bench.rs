@@ -4,8 +4,12 @@
 //!
 //! ```text
 //! model_bench <hf-model-dir> [--contexts 1024,8192] [--rows 1,2,4,8,16,32,64] [--reps 20]
-//!             [--prefill-chunks 256,2048]
+//!             [--prefill-chunks 256,2048] [--load host|stream]
 //! ```
+//!
+//! `--load host` (default) loads the whole model on the host and uploads it; `--load stream`
+//! sends each layer to the device as it is read (`yomi_cuda::model::Uploader`, what `yomi run`
+//! does). The first line gives the process's peak host memory after loading.
 //!
 //! Prefill: for each context and each `--prefill-chunks` size, the context's tokens are
 //! prefilled into a fresh state in chains of that many rows (each committed whole, as the
@@ -25,7 +29,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use yomi_core::TreeBatch;
 use yomi_cuda::CudaDevice;
-use yomi_cuda::model::CudaModel;
+use yomi_cuda::model::{CudaModel, Uploader};
 
 /// The `yomi` binary's `YOMI_CUDA_*` switches and kernel cache, read as it reads them.
 #[path = "common/options.rs"]
@@ -41,6 +45,18 @@ fn list(s: &str) -> Result<Vec<usize>> {
         .collect()
 }
 
+/// The process's peak resident memory (VmHWM), 0 where /proc cannot say.
+fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -50,8 +66,11 @@ fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let dir = args
         .next()
-        .context("usage: model_bench <hf-model-dir> [--contexts ..] [--rows ..] [--reps N]")?;
+        .context(
+            "usage: model_bench <hf-model-dir> [--contexts ..] [--rows ..] [--reps N] [--load host|stream]",
+        )?;
     let (mut contexts, mut rows, mut reps) = (vec![1024, 8192], vec![1, 2, 4, 8, 16, 32, 64], 20);
+    let mut stream = false;
     let mut prefill_chunks = vec![256];
     while let Some(a) = args.next() {
         let v = args.next().context("flag without a value")?;
@@ -60,21 +79,43 @@ fn main() -> Result<()> {
             "--rows" => rows = list(&v)?,
             "--reps" => reps = v.parse()?,
             "--prefill-chunks" => prefill_chunks = list(&v)?,
+            "--load" => stream = v == "stream",
             _ => anyhow::bail!("unknown flag {a}"),
         }
     }
+    let path = std::path::Path::new(&dir);
+    let opts = options::cuda_options_from_env();
     let t0 = Instant::now();
-    let model = yomi_models::loader::load_hf_dir(std::path::Path::new(&dir), &mut |_, _| {})?;
-    let host_s = t0.elapsed().as_secs_f64();
-    let dev = Arc::new(CudaDevice::open_with(0, options::cuda_options_from_env())?);
-    let t1 = Instant::now();
-    let cm = CudaModel::upload(dev.clone(), &model, &mut |_, _| {})?;
-    let up_s = t1.elapsed().as_secs_f64();
+    let (cm, dev, load) = if stream {
+        // Each layer to the device as it is read (what `yomi run --device cuda` does).
+        let mut up = Uploader::open(0, &opts)?;
+        yomi_models::loader::load_hf_dir_into(path, &mut |_, _| {}, Some(&mut up))?;
+        let cm = up.into_model()?;
+        let dev = cm.device().clone();
+        (
+            cm,
+            dev,
+            format!("streamed load {:.1} s", t0.elapsed().as_secs_f64()),
+        )
+    } else {
+        let model = yomi_models::loader::load_hf_dir(path, &mut |_, _| {})?;
+        let host_s = t0.elapsed().as_secs_f64();
+        let dev = Arc::new(CudaDevice::open_with(0, opts)?);
+        let t1 = Instant::now();
+        let cm = CudaModel::upload(dev.clone(), &model, &mut |_, _| {})?;
+        let up_s = t1.elapsed().as_secs_f64();
+        (
+            cm,
+            dev,
+            format!("host load {host_s:.1} s, upload {up_s:.1} s"),
+        )
+    };
     let w_bytes = cm.matrix_bytes();
     println!(
-        "device {} | weights {:.2} GB (matrices) | host load {host_s:.1} s, upload {up_s:.1} s",
+        "device {} | weights {:.2} GB (matrices) | {load} | host peak RSS {:.2} GB",
         dev.name(),
-        w_bytes as f64 / 1e9
+        w_bytes as f64 / 1e9,
+        peak_rss_bytes() as f64 / 1e9
     );
 
     // Device-to-device copy bandwidth (bytes read + written per second), 2 GiB buffers.
@@ -100,7 +141,7 @@ fn main() -> Result<()> {
         copy_bw / 1e9
     );
 
-    let v = model.cfg.vocab_size as u64;
+    let v = cm.config().vocab_size as u64;
     let max_ctx = *contexts.iter().max().unwrap_or(&1024);
     let max_rows = *rows.iter().max().unwrap_or(&1);
     let mut rng = 0x9E37_79B9_7F4A_7C15u64;

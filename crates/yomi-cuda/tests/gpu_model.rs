@@ -636,6 +636,54 @@ fn prefix_cache_on_gpu_gives_the_cold_output_on_smollm2() {
     check_prefix_cache_on_gpu(&path);
 }
 
+/// A model streamed to the GPU as it loads (`Uploader`: each layer uploaded, then its host copy
+/// dropped) runs exactly as one loaded on the host and then uploaded (`attach`): the same
+/// logits bit for bit over a prompt and greedy steps, with no host matrices left.
+fn check_streamed_load(path: &Path) {
+    let (_, attached) = pair(path, 1024);
+    let opts = EngineOptions {
+        context_size: Some(1024),
+        threads: None,
+        kv_cache: Some(KvDtype::F32),
+        ..Default::default()
+    };
+    let mut up = yomi_cuda::model::Uploader::open(0, &options::cuda_options_from_env())
+        .expect("open the GPU");
+    let mut streamed =
+        Engine::load_into(path, &opts, &mut |_, _| {}, Some(&mut up)).expect("streamed load");
+    assert!(!up.failed());
+    up.finish(&mut streamed.model)
+        .expect("attach the streamed weights");
+    assert!(streamed.model.host_matrices_released);
+    assert_eq!(streamed.model.weight_bytes(), 0, "host matrices left");
+    let v = streamed.model.cfg.vocab_size;
+    let prompt = random_ids(60, v, 11);
+    let run = |e: &Engine| {
+        let mut st = e.new_state();
+        let first = chain_all(&e.model, &mut st, &prompt);
+        let (ids, logits) = greedy(&e.model, &mut st, &first[(prompt.len() - 1) * v..], 8);
+        (first, ids, logits)
+    };
+    let (a, b) = (run(&attached), run(&streamed));
+    let name = path.file_name().unwrap().to_string_lossy().to_string();
+    println!(
+        "RESULT {name}: streamed load == host load then upload: {}",
+        a == b
+    );
+    assert!(a == b, "{name}: a streamed load runs differently");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_streamed_load_runs_as_an_uploaded_one() {
+    check_streamed_load(&fixture("qwen35-tiny"));
+    check_streamed_load(&test_data("llama-tiny"));
+    check_streamed_load(&test_data("qwen35-tiny-gguf/qwen35-tiny-f32.gguf"));
+    if let Some(p) = std::env::var_os("YOMI_SMOLLM2") {
+        check_streamed_load(Path::new(&p));
+    }
+}
+
 /// SmolLM2-135M Q4_1 (the README's model): GPU vs the CPU's dequantized-f32 path on the
 /// reference text, and transformers' 64 greedy tokens. `YOMI_SMOLLM2` names the .gguf.
 #[test]

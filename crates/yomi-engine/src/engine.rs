@@ -3,7 +3,8 @@
 
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
-use yomi_models::loader::{ModelFormat, detect_format, load_hf_dir};
+use yomi_models::loader::{ModelFormat, detect_format, load_hf_dir_into};
+use yomi_models::model::WeightSink;
 use yomi_models::{KvDtype, Model, State};
 
 use crate::template::{ChatMessage, ChatTemplate, GenerationDefaults};
@@ -88,20 +89,34 @@ impl Engine {
         opts: &EngineOptions,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
+        Self::load_into(path, opts, progress, None)
+    }
+
+    /// [`Engine::load`] that streams the weights into `sink` (a device) as they are read: the
+    /// host never holds the whole model, and the model comes back without host matrices (the
+    /// caller attaches the device that took them).
+    pub fn load_into(
+        path: &Path,
+        opts: &EngineOptions,
+        progress: &mut dyn FnMut(usize, usize),
+        sink: Option<&mut dyn WeightSink>,
+    ) -> Result<Self> {
         let format = detect_format(path)?;
+        let streamed = sink.is_some();
         let (model, tokenizer, template, defaults) = match format {
             ModelFormat::HfDir => {
-                let model = load_hf_dir(path, progress)?;
+                // Before the weights: a directory without a tokenizer fails at once.
                 let tok_path = path.join("tokenizer.json");
                 if !tok_path.is_file() {
                     bail!("{} has no tokenizer.json", path.display());
                 }
+                let model = load_hf_dir_into(path, progress, sink)?;
                 let tokenizer = TextTokenizer::from_file(&tok_path)?;
                 let template = ChatTemplate::from_hf_dir(path)?;
                 let defaults = GenerationDefaults::from_hf_dir(path, &tokenizer)?;
                 (model, tokenizer, template, defaults)
             }
-            ModelFormat::Gguf => crate::gguf_model::load(path, progress)?,
+            ModelFormat::Gguf => crate::gguf_model::load(path, progress, sink)?,
         };
         let mut eos = defaults.eos_token_ids.clone();
         for &e in &model.cfg.eos_token_ids {
@@ -126,7 +141,9 @@ impl Engine {
         }
         let pool = pb.build().context("cannot start the kernel thread pool")?;
         let mut model = model;
-        if opts.quant_pack {
+        // The CPU's packed layout is for the CPU kernels: a streamed model's weights are on
+        // its device in GGML's own order.
+        if opts.quant_pack && !streamed {
             model.pack_for_cpu();
         }
         model.kv_dtype = opts.kv_cache.unwrap_or(KvDtype::F16);

@@ -13,6 +13,7 @@ use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior, Tokeni
 use yomi_models::Model;
 use yomi_models::gguf::GgufFile;
 use yomi_models::gguf_source::{GgufSource, config_from_gguf};
+use yomi_models::model::WeightSink;
 
 use crate::template::{ChatTemplate, GenerationDefaults};
 use crate::tokenizer::TextTokenizer;
@@ -20,6 +21,7 @@ use crate::tokenizer::TextTokenizer;
 pub(crate) fn load(
     path: &Path,
     progress: &mut dyn FnMut(usize, usize),
+    sink: Option<&mut dyn WeightSink>,
 ) -> Result<(
     Model,
     TextTokenizer,
@@ -29,8 +31,8 @@ pub(crate) fn load(
     let file = GgufFile::open(path).map_err(|e| anyhow!("{}: {e}", path.display()))?;
     let cfg = config_from_gguf(&file).map_err(|e| anyhow!("{}: {e:#}", path.display()))?;
     let src = GgufSource::new(&file, &cfg);
-    let model =
-        Model::load(cfg, &src, progress).map_err(|e| anyhow!("{}: {e:#}", path.display()))?;
+    let model = Model::load_into(cfg, &src, progress, sink)
+        .map_err(|e| anyhow!("{}: {e:#}", path.display()))?;
     let tokenizer = tokenizer_from_gguf(&file).map_err(|e| anyhow!("{}: {e:#}", path.display()))?;
     let token = |key: &str| -> Option<String> {
         let id = file.get_u64(key).ok()?;

@@ -331,6 +331,10 @@ fn dequantize(m: &Matrix) -> Vec<f32> {
 }
 
 impl WeightSource for GgufSource<'_> {
+    fn drop_read_pages(&self) {
+        self.file.drop_resident_pages();
+    }
+
     fn has(&self, name: &str) -> bool {
         gguf_name(self.arch, name).is_some_and(|g| self.by_name.contains_key(g.as_str()))
     }

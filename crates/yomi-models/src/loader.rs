@@ -5,7 +5,7 @@ use anyhow::{Result, bail};
 use std::path::Path;
 
 use crate::config::ModelConfig;
-use crate::model::Model;
+use crate::model::{Model, WeightSink};
 use crate::safetensors_dir::SafetensorsDir;
 
 /// What kind of model a path holds.
@@ -42,7 +42,16 @@ pub fn detect_format(path: &Path) -> Result<ModelFormat> {
 
 /// Loads a Hugging Face directory's config and weights.
 pub fn load_hf_dir(dir: &Path, progress: &mut dyn FnMut(usize, usize)) -> Result<Model> {
+    load_hf_dir_into(dir, progress, None)
+}
+
+/// [`load_hf_dir`] handing each part to `sink` as it is read ([`Model::load_into`]).
+pub fn load_hf_dir_into(
+    dir: &Path,
+    progress: &mut dyn FnMut(usize, usize),
+    sink: Option<&mut dyn WeightSink>,
+) -> Result<Model> {
     let cfg = ModelConfig::from_hf_dir(dir)?;
     let src = SafetensorsDir::open(dir)?;
-    Model::load(cfg, &src, progress)
+    Model::load_into(cfg, &src, progress, sink)
 }

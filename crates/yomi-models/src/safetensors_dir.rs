@@ -171,6 +171,12 @@ impl SafetensorsDir {
 }
 
 impl WeightSource for SafetensorsDir {
+    fn drop_read_pages(&self) {
+        for m in &self.maps {
+            crate::gguf::drop_pages(m);
+        }
+    }
+
     fn has(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
     }

@@ -28,4 +28,9 @@ pub trait WeightSource {
     fn gdn_neg_exp_a(&self, a_log: &str, len: usize) -> Result<Vec<f32>> {
         Ok(self.vector(a_log, len)?.iter().map(|x| -x.exp()).collect())
     }
+
+    /// The tensors read so far have been copied out: a memory-mapped source may let the OS
+    /// drop their pages (a streaming load calls this after each layer). The default keeps
+    /// them.
+    fn drop_read_pages(&self) {}
 }

@@ -7,6 +7,7 @@ mod chunk;
 mod forward;
 mod prefix;
 mod state;
+mod stream;
 mod weights;
 
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use yomi_models::{AccelState, Accelerator, HiddenTaps, LogitRows, Model, ModelCo
 use crate::device::CudaDevice;
 pub use chunk::CHUNK_ROWS;
 pub use state::{CudaState, MAX_ROWS};
+pub use stream::Uploader;
 use weights::DevWeights;
 
 /// A model's weights on one device, ready to run passes.
@@ -42,6 +44,11 @@ impl CudaModel {
     ) -> Result<Self> {
         check_supported(&model.cfg)?;
         let w = DevWeights::upload(&dev, model, progress)?;
+        Self::from_weights(dev, model.cfg.clone(), w)
+    }
+
+    /// The model of uploaded weights `w`.
+    fn from_weights(dev: Arc<CudaDevice>, cfg: ModelConfig, w: DevWeights) -> Result<Self> {
         // Open cuBLAS now (its first handle loads the library: ~0.1 s that would otherwise land
         // in the first prompt's time to first token).
         let _ = dev.gemm_route();
@@ -49,11 +56,21 @@ impl CudaModel {
         let (graphs, topk) = (dev.options().graphs, dev.options().topk);
         Ok(CudaModel {
             dev,
-            cfg: model.cfg.clone(),
+            cfg,
             w,
             graphs,
             topk,
         })
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.dev
     }
 
     /// Device bytes of the weight matrices (what one pass streams).
@@ -290,6 +307,18 @@ impl Accelerator for CudaModel {
     }
 }
 
+/// Opens CUDA device `ordinal` for a model. The kernels compile at first use: without NVRTC
+/// nothing could run, so that is said now (and `--device auto` stays on the CPU) rather than at
+/// the first pass.
+fn open_device(ordinal: usize, opts: &crate::CudaOptions) -> Result<Arc<CudaDevice>> {
+    if !crate::nvrtc_present() {
+        anyhow::bail!(
+            "the CUDA driver is present but NVRTC (libnvrtc.so) is not: the kernels cannot be compiled"
+        );
+    }
+    Ok(Arc::new(CudaDevice::open_with(ordinal, opts.clone())?))
+}
+
 /// Opens CUDA device `ordinal` with `opts`, uploads `model`'s weights there and makes the model
 /// run its passes on it; the host copies of the matrices are dropped.
 pub fn attach(
@@ -298,14 +327,7 @@ pub fn attach(
     opts: &crate::CudaOptions,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
-    // The kernels compile at first use: without NVRTC nothing could run, so say it now (and
-    // let `--device auto` stay on the CPU) rather than at the first pass.
-    if !crate::nvrtc_present() {
-        anyhow::bail!(
-            "the CUDA driver is present but NVRTC (libnvrtc.so) is not: the kernels cannot be compiled"
-        );
-    }
-    let dev = Arc::new(CudaDevice::open_with(ordinal, opts.clone())?);
+    let dev = open_device(ordinal, opts)?;
     // The device kernels read GGML blocks row after row, not the CPU's packed groups.
     model.unpack();
     let cm = CudaModel::upload(dev, model, progress)?;

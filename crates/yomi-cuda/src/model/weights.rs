@@ -5,8 +5,9 @@ use cudarc::driver::CudaSlice;
 use yomi_cpu::Matrix;
 use yomi_cpu::linear::WeightData;
 use yomi_cpu::quant::QuantType;
+use yomi_cpu::rope::Rope;
 use yomi_models::Model;
-use yomi_models::model::Mixer;
+use yomi_models::model::{Layer, Mixer};
 
 use crate::device::CudaDevice;
 use crate::ops::{DeviceMatrix, GateUpMatrix, WeightDtype};
@@ -250,8 +251,53 @@ fn upload_opt(dev: &CudaDevice, v: &Option<Vec<f32>>) -> Result<Option<CudaSlice
     v.as_deref().map(|x| upload_vec(dev, x)).transpose()
 }
 
+/// One layer's weights on the device (projections fused per `fuse`, see [`Proj`]).
+pub(super) fn upload_layer(dev: &CudaDevice, l: &Layer, fuse: bool) -> Result<DevLayer> {
+    let mixer = match &l.mixer {
+        Mixer::Attention(w) => DevMixer::Attention(DevAttn {
+            qkv: upload_proj(
+                dev,
+                &[
+                    (&w.q, w.q_bias.as_ref()),
+                    (&w.k, w.k_bias.as_ref()),
+                    (&w.v, w.v_bias.as_ref()),
+                ],
+                fuse,
+            )?,
+            o: upload_matrix(dev, &w.o)?,
+            o_bias: upload_opt(dev, &w.o_bias)?,
+            q_norm: upload_opt(dev, &w.q_norm)?,
+            k_norm: upload_opt(dev, &w.k_norm)?,
+        }),
+        Mixer::Gdn(w) => DevMixer::Gdn(DevGdn {
+            in_proj: upload_proj(
+                dev,
+                &[(&w.qkv, None), (&w.z, None), (&w.b, None), (&w.a, None)],
+                fuse,
+            )?,
+            out: upload_matrix(dev, &w.out)?,
+            conv: upload_vec(dev, &w.conv)?,
+            neg_exp_a: upload_vec(dev, &w.neg_exp_a)?,
+            dt_bias: upload_vec(dev, &w.dt_bias)?,
+            norm: upload_vec(dev, &w.norm)?,
+        }),
+    };
+    Ok(DevLayer {
+        input_norm: upload_vec(dev, &l.input_norm)?,
+        post_norm: upload_vec(dev, &l.post_norm)?,
+        mixer,
+        gate_up: upload_gate_up(dev, &l.mlp.gate, &l.mlp.up, fuse)?,
+        down: upload_matrix(dev, &l.mlp.down)?,
+    })
+}
+
+/// The embedding on the device.
+pub(super) fn upload_embed(dev: &CudaDevice, embed: &Matrix) -> Result<DeviceMatrix> {
+    upload_matrix(dev, embed).context("uploading the embedding")
+}
+
 impl DevWeights {
-    /// Uploads every weight; `progress(done, total)` per layer.
+    /// Uploads every weight of a host model; `progress(done, total)` per layer.
     pub fn upload(
         dev: &CudaDevice,
         model: &Model,
@@ -259,63 +305,46 @@ impl DevWeights {
     ) -> Result<Self> {
         let total = model.layers.len() + 2;
         let fuse = dev.options().fuse;
-        let embed = upload_matrix(dev, &model.embed).context("uploading the embedding")?;
+        let embed = upload_embed(dev, &model.embed)?;
         progress(1, total);
         let mut layers = Vec::with_capacity(model.layers.len());
         for (i, l) in model.layers.iter().enumerate() {
-            let mixer = match &l.mixer {
-                Mixer::Attention(w) => DevMixer::Attention(DevAttn {
-                    qkv: upload_proj(
-                        dev,
-                        &[
-                            (&w.q, w.q_bias.as_ref()),
-                            (&w.k, w.k_bias.as_ref()),
-                            (&w.v, w.v_bias.as_ref()),
-                        ],
-                        fuse,
-                    )?,
-                    o: upload_matrix(dev, &w.o)?,
-                    o_bias: upload_opt(dev, &w.o_bias)?,
-                    q_norm: upload_opt(dev, &w.q_norm)?,
-                    k_norm: upload_opt(dev, &w.k_norm)?,
-                }),
-                Mixer::Gdn(w) => DevMixer::Gdn(DevGdn {
-                    in_proj: upload_proj(
-                        dev,
-                        &[(&w.qkv, None), (&w.z, None), (&w.b, None), (&w.a, None)],
-                        fuse,
-                    )?,
-                    out: upload_matrix(dev, &w.out)?,
-                    conv: upload_vec(dev, &w.conv)?,
-                    neg_exp_a: upload_vec(dev, &w.neg_exp_a)?,
-                    dt_bias: upload_vec(dev, &w.dt_bias)?,
-                    norm: upload_vec(dev, &w.norm)?,
-                }),
-            };
-            layers.push(DevLayer {
-                input_norm: upload_vec(dev, &l.input_norm)?,
-                post_norm: upload_vec(dev, &l.post_norm)?,
-                mixer,
-                gate_up: upload_gate_up(dev, &l.mlp.gate, &l.mlp.up, fuse)?,
-                down: upload_matrix(dev, &l.mlp.down)?,
-            });
+            layers.push(upload_layer(dev, l, fuse)?);
             progress(i + 2, total);
         }
-        let lm_head = model
-            .lm_head
-            .as_ref()
+        let w = Self::from_parts(
+            dev,
+            embed,
+            layers,
+            &model.final_norm,
+            model.lm_head.as_ref(),
+            &model.rope,
+        )?;
+        progress(total, total);
+        Ok(w)
+    }
+
+    /// The weights from an uploaded embedding and layers, with the final norm, the LM head
+    /// (None: tied) and the rotary frequencies uploaded now.
+    pub(super) fn from_parts(
+        dev: &CudaDevice,
+        embed: DeviceMatrix,
+        layers: Vec<DevLayer>,
+        final_norm: &[f32],
+        lm_head: Option<&Matrix>,
+        rope: &Rope,
+    ) -> Result<Self> {
+        let lm_head = lm_head
             .map(|m| upload_matrix(dev, m))
             .transpose()
             .context("uploading the LM head")?;
-        let w = DevWeights {
+        Ok(DevWeights {
             embed,
             layers,
-            final_norm: upload_vec(dev, &model.final_norm)?,
+            final_norm: upload_vec(dev, final_norm)?,
             lm_head,
-            inv_freq: upload_vec(dev, &model.rope.inv_freq)?,
-        };
-        progress(total, total);
-        Ok(w)
+            inv_freq: upload_vec(dev, &rope.inv_freq)?,
+        })
     }
 
     /// Device bytes of all matrices.

@@ -509,6 +509,20 @@ impl std::error::Error for GgufError {
     }
 }
 
+/// `madvise(MADV_DONTNEED)` over a read-only file mapping: its pages leave the process and are
+/// faulted in from the file again if read, with the same contents.
+pub(crate) fn drop_pages(m: &memmap2::Mmap) {
+    #[cfg(unix)]
+    // SAFETY: the map is a read-only private file mapping that is never written, so dropping
+    // its pages cannot change what a later read sees (they come back from the unchanged file);
+    // no reference into the map outlives a page's content. A failure only keeps the pages.
+    unsafe {
+        let _ = m.unchecked_advise(memmap2::UncheckedAdvice::DontNeed);
+    }
+    #[cfg(not(unix))]
+    let _ = m;
+}
+
 enum Storage {
     Mmap(memmap2::Mmap),
     Owned(Vec<u8>),
@@ -566,6 +580,15 @@ impl GgufFile {
             Storage::Mmap(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?)
         };
         Self::parse(storage)
+    }
+
+    /// Lets the OS drop the mapped pages read so far (they are read from the file again if
+    /// touched): a loader that copies tensors out as it goes keeps the file from staying
+    /// resident next to the copies. No effect on an image held in memory.
+    pub fn drop_resident_pages(&self) {
+        if let Storage::Mmap(m) = &self.storage {
+            drop_pages(m);
+        }
     }
 
     /// Parse a GGUF image held in memory.

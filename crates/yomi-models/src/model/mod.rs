@@ -7,4 +7,4 @@ mod weights;
 
 pub(crate) use forward::Scratch;
 pub use forward::{HiddenTaps, LogitRows};
-pub use weights::{AttnWeights, GdnWeights, Layer, Mixer, Mlp, Model};
+pub use weights::{AttnWeights, GdnWeights, Layer, Mixer, Mlp, Model, WeightSink};

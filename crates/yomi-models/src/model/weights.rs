@@ -80,6 +80,38 @@ pub struct Model {
     pub kv_dtype: crate::KvDtype,
 }
 
+/// Takes each part of a model as loading finishes it ([`Model::load_into`]): a device backend
+/// uploads it there, and the loader then drops the part's host matrices before it reads the
+/// next, so the host never holds the whole model. Calls come in order: `begin`, `embed`, every
+/// `layer`, `head`.
+pub trait WeightSink {
+    /// Before any weight is read: refuse a model the device cannot run.
+    fn begin(&mut self, cfg: &ModelConfig) -> Result<()>;
+    /// The embedding matrix.
+    fn embed(&mut self, embed: &Matrix) -> Result<()>;
+    /// Layer `i`, complete.
+    fn layer(&mut self, i: usize, layer: &Layer) -> Result<()>;
+    /// The final norm, the LM head (None: tied to the embedding) and the rotary embedding.
+    fn head(&mut self, final_norm: &[f32], lm_head: Option<&Matrix>, rope: &Rope) -> Result<()>;
+}
+
+/// The host copy of a matrix a sink took: dropped (shape kept).
+fn drop_host(m: &mut Matrix) {
+    m.data = WeightData::F32(Vec::new());
+}
+
+impl Layer {
+    /// Every weight matrix of the layer, mutably.
+    fn matrices_mut(&mut self) -> Vec<&mut Matrix> {
+        let mut v: Vec<&mut Matrix> = match &mut self.mixer {
+            Mixer::Attention(a) => vec![&mut a.q, &mut a.k, &mut a.v, &mut a.o],
+            Mixer::Gdn(g) => vec![&mut g.qkv, &mut g.z, &mut g.b, &mut g.a, &mut g.out],
+        };
+        v.extend([&mut self.mlp.gate, &mut self.mlp.up, &mut self.mlp.down]);
+        v
+    }
+}
+
 impl Model {
     /// Builds the model from any weight source, checking every tensor the architecture needs.
     /// `progress` is called with (tensors loaded so far, total layers + 2) as loading proceeds.
@@ -88,6 +120,21 @@ impl Model {
         src: &dyn WeightSource,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
+        Self::load_into(cfg, src, progress, None)
+    }
+
+    /// [`Model::load`] that hands each part to `sink` as it is read (a streaming upload to a
+    /// device) and then drops its host matrices and lets the source drop the file pages read
+    /// for it: the model comes back with its host matrices released.
+    pub fn load_into(
+        cfg: ModelConfig,
+        src: &dyn WeightSource,
+        progress: &mut dyn FnMut(usize, usize),
+        mut sink: Option<&mut dyn WeightSink>,
+    ) -> Result<Self> {
+        if let Some(s) = sink.as_deref_mut() {
+            s.begin(&cfg)?;
+        }
         let h = cfg.hidden_size;
         let total = cfg.num_layers + 2;
         let norm = |name: &str, len: usize| -> Result<Vec<f32>> {
@@ -97,7 +144,15 @@ impl Model {
                 src.vector(name, len)
             }
         };
-        let embed = src.matrix("model.embed_tokens.weight", cfg.vocab_size, h)?;
+        let mut embed = src.matrix("model.embed_tokens.weight", cfg.vocab_size, h)?;
+        if let Some(s) = sink.as_deref_mut() {
+            s.embed(&embed)?;
+            // A tied LM head is the embedding: its host copy goes once the head is up too.
+            if !cfg.tie_word_embeddings {
+                drop_host(&mut embed);
+                src.drop_read_pages();
+            }
+        }
         progress(1, total);
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for (i, kind) in cfg.layer_kinds.iter().enumerate() {
@@ -107,7 +162,7 @@ impl Model {
                 LayerKind::GatedDeltaNet => Mixer::Gdn(load_gdn(&cfg, src, &p)?),
             };
             let i_sz = cfg.intermediate_size;
-            layers.push(Layer {
+            let mut layer = Layer {
                 input_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
                 post_norm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
                 mixer,
@@ -116,7 +171,13 @@ impl Model {
                     up: src.matrix(&format!("{p}.mlp.up_proj.weight"), i_sz, h)?,
                     down: src.matrix(&format!("{p}.mlp.down_proj.weight"), h, i_sz)?,
                 },
-            });
+            };
+            if let Some(s) = sink.as_deref_mut() {
+                s.layer(i, &layer)?;
+                layer.matrices_mut().into_iter().for_each(drop_host);
+                src.drop_read_pages();
+            }
+            layers.push(layer);
             progress(i + 2, total);
         }
         let final_norm = norm("model.norm.weight", h)?;
@@ -127,8 +188,16 @@ impl Model {
                 "the config says the LM head is not tied to the embedding (tie_word_embeddings: false)",
             )?)
         };
-        progress(total, total);
         let rope = Rope::new(cfg.rope_theta, cfg.rotary_dim, &cfg.rope_scaling);
+        let streamed = sink.is_some();
+        let mut lm_head = lm_head;
+        if let Some(s) = sink {
+            s.head(&final_norm, lm_head.as_ref(), &rope)?;
+            lm_head.iter_mut().for_each(drop_host);
+            drop_host(&mut embed);
+            src.drop_read_pages();
+        }
+        progress(total, total);
         Ok(Model {
             cfg,
             embed,
@@ -137,7 +206,7 @@ impl Model {
             lm_head,
             rope,
             accel: None,
-            host_matrices_released: false,
+            host_matrices_released: streamed,
             kv_dtype: crate::KvDtype::F32,
         })
     }
@@ -182,11 +251,7 @@ impl Model {
             v.push(h);
         }
         for l in &mut self.layers {
-            match &mut l.mixer {
-                Mixer::Attention(a) => v.extend([&mut a.q, &mut a.k, &mut a.v, &mut a.o]),
-                Mixer::Gdn(g) => v.extend([&mut g.qkv, &mut g.z, &mut g.b, &mut g.a, &mut g.out]),
-            }
-            v.extend([&mut l.mlp.gate, &mut l.mlp.up, &mut l.mlp.down]);
+            v.extend(l.matrices_mut());
         }
         v
     }
@@ -212,9 +277,7 @@ impl Model {
     /// on the GPU does not also keep its weights in RAM. The CPU path cannot run afterwards
     /// (`forward` says so); norms, RoPE tables and the config stay.
     pub fn release_host_matrices(&mut self) {
-        for m in self.matrices_mut() {
-            m.data = WeightData::F32(Vec::new());
-        }
+        self.matrices_mut().into_iter().for_each(drop_host);
         self.host_matrices_released = true;
     }
 
