@@ -24,6 +24,40 @@ pub enum Arch {
     Qwen3,
 }
 
+/// What an architecture fixes about its layers, whatever file it comes from: both loaders (HF
+/// config.json and GGUF metadata) take these from here, so they cannot disagree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArchTraits {
+    /// RMSNorm over each query and key head before RoPE.
+    pub qk_norm: bool,
+    /// Attention's q projection carries a per-head output gate ([query | gate] rows).
+    pub attn_output_gate: bool,
+    /// RMSNorm weights are zero-centred: the effective weight is 1 + w.
+    pub norm_plus_one: bool,
+}
+
+impl Arch {
+    pub const fn traits(self) -> ArchTraits {
+        match self {
+            Arch::Qwen35 => ArchTraits {
+                qk_norm: true,
+                attn_output_gate: true,
+                norm_plus_one: true,
+            },
+            Arch::Qwen3 => ArchTraits {
+                qk_norm: true,
+                attn_output_gate: false,
+                norm_plus_one: false,
+            },
+            Arch::Llama | Arch::Qwen2 => ArchTraits {
+                qk_norm: false,
+                attn_output_gate: false,
+                norm_plus_one: false,
+            },
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LayerKind {
     Attention,
@@ -313,9 +347,9 @@ impl ModelConfig {
             rope_scaling,
             qkv_bias: arch == Arch::Qwen2 || attention_bias,
             o_bias: arch == Arch::Llama && attention_bias,
-            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen35),
-            attn_output_gate: arch == Arch::Qwen35,
-            norm_plus_one: arch == Arch::Qwen35,
+            qk_norm: arch.traits().qk_norm,
+            attn_output_gate: arch.traits().attn_output_gate,
+            norm_plus_one: arch.traits().norm_plus_one,
             layer_kinds,
             gdn,
             tie_word_embeddings: get_bool(text, "tie_word_embeddings")?

@@ -558,11 +558,11 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
         rope_scaling: scaling,
         qkv_bias: by_name.contains_key("blk.0.attn_q.bias"),
         o_bias: by_name.contains_key("blk.0.attn_output.bias"),
-        qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen35),
+        qk_norm: arch.traits().qk_norm,
         // Qwen3.5's attention q rows are [query | gate] per head, as in HF (the converter
         // leaves attn_q as it is).
-        attn_output_gate: arch == Arch::Qwen35,
-        norm_plus_one: arch == Arch::Qwen35,
+        attn_output_gate: arch.traits().attn_output_gate,
+        norm_plus_one: arch.traits().norm_plus_one,
         layer_kinds,
         gdn,
         tie_word_embeddings: !by_name.contains_key("output.weight"),

@@ -13,7 +13,7 @@ pub mod source;
 pub mod state;
 
 pub use accel::{AccelState, Accelerator};
-pub use config::{Arch, LayerKind, ModelConfig};
+pub use config::{Arch, ArchTraits, LayerKind, ModelConfig};
 pub use kv_cache::{KvDtype, KvRows};
 pub use model::{HiddenTaps, LogitRows, Model};
 pub use state::State;
