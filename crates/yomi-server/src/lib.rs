@@ -2,8 +2,9 @@
 //! `POST /v1/completions` (streamed as server-sent events or not), `GET /v1/models`,
 //! `GET /health`.
 //!
-//! One engine, batch one: handlers template and tokenize a request, check it, and queue it for
-//! the engine thread ([`worker`]); the queue is bounded (503 when full). Text streams back
+//! One engine, batch one: handlers take a place in the bounded queue (503 when full), template
+//! and tokenize the request (a prompt too many bytes long for the context is refused first),
+//! check it, and hand it to the engine thread ([`worker`]). Text streams back
 //! through a channel per request; a client that disconnects drops its end, which stops the
 //! generation at the next token and frees the engine. The prefix cache is on unless turned
 //! off. Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) with
@@ -151,6 +152,8 @@ struct App {
     created: u64,
     next_id: AtomicU64,
     id_salt: u64,
+    /// [`prompt_byte_bound`].
+    max_prompt_bytes: usize,
 }
 
 type AppState = Arc<App>;
@@ -381,8 +384,52 @@ fn context_error(msg: String) -> ApiError {
     ApiError::bad_request(msg).with_code("context_length_exceeded")
 }
 
+/// The longest prompt text, in bytes, that might fit the context: anything longer is refused
+/// before it is tokenized. Tokenizing costs about 100 bytes of memory and most of a
+/// microsecond per byte of text (an 8 MiB prompt: over 1 GB and seconds of CPU), only to be
+/// refused afterwards for being longer than the context; the byte length alone tells.
+///
+/// Why it never refuses a prompt that fits: every token stands for at most as many bytes of
+/// text as its vocabulary string has (byte-level BPE spells each byte as one character of at
+/// least one byte, e.g. `Ġ` for a space; SentencePiece spells text as itself, a space as the
+/// three-byte `▁`; byte-fallback tokens like `<0x0A>` are longer than their byte). So a text
+/// of `n` bytes has at least `n / longest` tokens, `longest` being the longest vocabulary
+/// string in bytes. The floor of 64 bytes a token keeps a margin for normalizers that shrink
+/// text (NFKC turns some 3-byte characters into 2 bytes) and costs nothing that matters: a
+/// 32k context still tokenizes at most 2 MiB.
+fn prompt_byte_bound(engine: &Engine) -> usize {
+    let longest = engine
+        .tokenizer
+        .inner()
+        .get_vocab(true)
+        .keys()
+        .map(String::len)
+        .max()
+        .unwrap_or(0);
+    engine.context_size.saturating_mul(longest.max(64))
+}
+
+/// Refuses a prompt text that is too long to fit the context whatever its tokens
+/// ([`prompt_byte_bound`]), before it is tokenized.
+fn check_prompt_bytes(text: &str, bound: usize, ctx: usize, param: &str) -> Result<(), ApiError> {
+    if text.len() > bound {
+        return Err(context_error(format!(
+            "this model's maximum context length is {ctx} tokens, but the prompt is {} bytes \
+             long, more than the {bound} bytes that {ctx} tokens can hold",
+            text.len()
+        ))
+        .with_param(param));
+    }
+    Ok(())
+}
+
 /// Templates and tokenizes, then checks everything that needs the model.
-fn prepare(engine: &Engine, cfg: &ServerConfig, p: &ParsedRequest) -> Result<Prepared, ApiError> {
+fn prepare(
+    engine: &Engine,
+    cfg: &ServerConfig,
+    max_prompt_bytes: usize,
+    p: &ParsedRequest,
+) -> Result<Prepared, ApiError> {
     let ctx = engine.context_size;
     let mut starts_thinking = false;
     let ids = match &p.prompt {
@@ -400,16 +447,20 @@ fn prepare(engine: &Engine, cfg: &ServerConfig, p: &ParsedRequest) -> Result<Pre
             let text = tpl
                 .render_with(messages.as_slice(), None, true, *enable_thinking, extra)
                 .map_err(|e| ApiError::bad_param("messages", format!("{e:#}")))?;
+            check_prompt_bytes(&text, max_prompt_bytes, ctx, "messages")?;
             starts_thinking = prompt_opens_thinking(&text);
             engine
                 .tokenizer
                 .encode(&text, false)
                 .map_err(|e| ApiError::bad_param("messages", format!("{e:#}")))?
         }
-        PromptSpec::Text(t) => engine
-            .tokenizer
-            .encode(t, true)
-            .map_err(|e| ApiError::bad_param("prompt", format!("{e:#}")))?,
+        PromptSpec::Text(t) => {
+            check_prompt_bytes(t, max_prompt_bytes, ctx, "prompt")?;
+            engine
+                .tokenizer
+                .encode(t, true)
+                .map_err(|e| ApiError::bad_param("prompt", format!("{e:#}")))?
+        }
         PromptSpec::Ids(ids) => ids.clone(),
     };
     let param = if p.kind == ApiKind::Chat {
@@ -482,6 +533,26 @@ fn prepare(engine: &Engine, cfg: &ServerConfig, p: &ParsedRequest) -> Result<Pre
     })
 }
 
+/// A place in the queue taken by a request that has not reached the engine thread yet: freed
+/// when the request fails before that, or when its handler is dropped (the client left while
+/// its prompt was being tokenized).
+struct Slot(Option<Arc<Shared>>);
+
+impl Slot {
+    /// The job holding the place reached the engine thread, which frees it when the job ends.
+    fn hand_over(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(shared) = &self.0 {
+            shared.admitted.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
 async fn complete(app: AppState, p: ParsedRequest, stats: StatsRecorder) -> Response {
     match start(app, p, stats).await {
         Ok(r) => r,
@@ -500,14 +571,10 @@ async fn start(
     {
         return Err(unknown_model(&app, m));
     }
-    let engine = Arc::clone(&app.engine);
-    let shared = Arc::clone(&app.shared);
-    let p2 = p.clone();
-    let prepared = tokio::task::spawn_blocking(move || prepare(&engine, &shared.cfg, &p2))
-        .await
-        .map_err(|e| ApiError::internal(format!("request preparation failed: {e}")))??;
-
-    // Admission: the running request plus `queue_size` waiting ones.
+    // Admission first: the running request plus `queue_size` waiting ones, counting those
+    // still being templated and tokenized. That work costs memory and CPU in proportion to
+    // the prompt, so taking the place before it bounds how many requests do it at once; a
+    // request refused for a full queue costs nothing.
     let limit = app.shared.cfg.queue_size + 1;
     let admitted = app
         .shared
@@ -528,6 +595,14 @@ async fn start(
         .with_code("queue_full")
         .with_retry_after(RETRY_AFTER_SECS));
     }
+    let slot = Slot(Some(Arc::clone(&app.shared)));
+    let engine = Arc::clone(&app.engine);
+    let shared = Arc::clone(&app.shared);
+    let bound = app.max_prompt_bytes;
+    let p2 = p.clone();
+    let prepared = tokio::task::spawn_blocking(move || prepare(&engine, &shared.cfg, bound, &p2))
+        .await
+        .map_err(|e| ApiError::internal(format!("request preparation failed: {e}")))??;
     let (tx, rx) = unbounded_channel();
     let job = Job {
         prompt_ids: prepared.prompt_ids,
@@ -539,9 +614,9 @@ async fn start(
     };
     let sent = app.jobs.lock().unwrap_or_else(|e| e.into_inner()).send(job);
     if sent.is_err() {
-        app.shared.admitted.fetch_sub(1, Ordering::AcqRel);
         return Err(ApiError::internal("the engine thread has stopped"));
     }
+    slot.hand_over();
     let n = app.next_id.fetch_add(1, Ordering::Relaxed);
     let prefix = match p.kind {
         ApiKind::Chat => "chatcmpl",
@@ -689,6 +764,7 @@ fn build_app(engine: Engine, cfg: ServerConfig) -> (Router, Arc<Shared>) {
         cache_stats: Mutex::new(None),
         think,
     });
+    let max_prompt_bytes = prompt_byte_bound(&engine);
     let engine = Arc::new(engine);
     let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
     {
@@ -706,6 +782,7 @@ fn build_app(engine: Engine, cfg: ServerConfig) -> (Router, Arc<Shared>) {
         created: unix_now(),
         next_id: AtomicU64::new(0),
         id_salt: random_u64() & 0xffff_ffff_ffff,
+        max_prompt_bytes,
     });
     let router = Router::new()
         .route("/health", get(health))

@@ -427,6 +427,37 @@ fn bad_requests_get_openai_errors() {
     h.shutdown();
 }
 
+/// A prompt too long in bytes to fit the context is refused before it is tokenized (issue 43:
+/// an 8 MiB prompt under the body limit took over a GB and seconds of CPU to tokenize, only to
+/// be refused afterwards): at once, with OpenAI's `context_length_exceeded`.
+#[test]
+fn an_oversized_prompt_is_refused_before_tokenizing() {
+    let (h, ep) = serve(config());
+    // 7 MiB of text under the 8 MiB body limit; the context is 1024 tokens.
+    let text = "def f(x): return x\n".repeat((7 << 20) / 19);
+    for (path, body, param) in [
+        (
+            "/v1/completions",
+            json!({"model": NAME, "prompt": text, "max_tokens": 2}),
+            "prompt",
+        ),
+        ("/v1/chat/completions", chat_body(&text, 2), "messages"),
+    ] {
+        let t0 = Instant::now();
+        let got = post(&ep, path, &body);
+        let took = t0.elapsed();
+        let msg = got.1["error"]["message"].as_str().unwrap_or("").to_string();
+        assert_error(got, 400, Some(param), Some("context_length_exceeded"));
+        assert!(msg.contains("bytes"), "refused after tokenizing: {msg}");
+        assert!(took < Duration::from_secs(2), "{path} took {took:?}");
+    }
+    // Still serving, with every place in the queue free again.
+    let (s, v) = post(&ep, "/v1/chat/completions", &chat_body("hi", 2));
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(h.health()["queue"]["waiting"], 0);
+    h.shutdown();
+}
+
 /// Parameters yomi does not implement are refused (400 naming them), never ignored; their
 /// harmless values are accepted.
 #[test]
