@@ -4,7 +4,10 @@ use anyhow::{Result, bail};
 use clap::Args;
 use std::time::Duration;
 use yomi_engine::prefix_cache::PrefixCacheConfig;
-use yomi_server::{DEFAULT_QUEUE_SIZE, ServerConfig};
+use yomi_server::{
+    DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_QUEUE_SIZE,
+    ServerConfig,
+};
 
 use crate::common::{DraftArgs, ModelArgs, load_engine};
 use crate::settings::Settings;
@@ -39,6 +42,16 @@ pub struct ServeArgs {
     /// Largest request body, in MiB (413 beyond).
     #[arg(long, default_value_t = 8, value_name = "MIB")]
     pub max_body_mb: usize,
+    /// Seconds a client has to send a request's headers; an idle keep-alive connection is
+    /// closed after as long.
+    #[arg(long, default_value_t = DEFAULT_HEADER_TIMEOUT.as_secs_f64(), value_name = "SECS")]
+    pub header_timeout: f64,
+    /// Seconds a client has to send a request's body once its headers arrived (408 after).
+    #[arg(long, default_value_t = DEFAULT_BODY_TIMEOUT.as_secs_f64(), value_name = "SECS")]
+    pub body_timeout: f64,
+    /// Connections open at once; more are closed as soon as they are accepted.
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS, value_name = "N")]
+    pub max_connections: usize,
     /// Testing aid: sleep this many milliseconds after every streamed piece of text.
     #[arg(long, value_name = "MS", hide = true)]
     pub debug_token_delay_ms: Option<u64>,
@@ -50,6 +63,11 @@ pub fn run(mut a: ServeArgs, settings: &Settings) -> Result<()> {
     }
     if a.max_body_mb == 0 {
         bail!("--max-body-mb must be at least 1");
+    }
+    let header_timeout = seconds("--header-timeout", a.header_timeout)?;
+    let body_timeout = seconds("--body-timeout", a.body_timeout)?;
+    if a.max_connections == 0 || a.max_connections > u32::MAX as usize {
+        bail!("--max-connections must be between 1 and {}", u32::MAX);
     }
     if a.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
         bail!("--api-key is empty");
@@ -73,6 +91,9 @@ pub fn run(mut a: ServeArgs, settings: &Settings) -> Result<()> {
         draft: a.drafting.draft,
         draft_budget: a.drafting.draft_budget,
         token_delay: a.debug_token_delay_ms.map(Duration::from_millis),
+        header_timeout,
+        body_timeout,
+        max_connections: a.max_connections,
     };
     let ctx = engine.context_size;
     let cache = if a.no_prefix_cache {
@@ -86,4 +107,13 @@ pub fn run(mut a: ServeArgs, settings: &Settings) -> Result<()> {
             a.queue_size, a.drafting.draft
         );
     })
+}
+
+/// A timeout flag's seconds: finite, above zero and at most a day (a `Duration` cannot hold
+/// every `f64`, and no client needs longer).
+fn seconds(flag: &str, secs: f64) -> Result<Duration> {
+    if !(secs > 0.0 && secs <= 86_400.0) {
+        bail!("{flag} must be more than 0 and at most 86400 seconds (got {secs})");
+    }
+    Ok(Duration::from_secs_f64(secs))
 }

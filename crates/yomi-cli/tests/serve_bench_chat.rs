@@ -165,6 +165,16 @@ fn bad_flags_give_one_line_errors() {
         &port,
     ]);
     assert_one_line_error(&out, "cannot listen on 127.0.0.1:");
+    // Timeouts and limits that cannot work.
+    for (flag, value) in [
+        ("--header-timeout", "0"),
+        ("--body-timeout", "1e9"),
+        ("--header-timeout", "NaN"),
+        ("--max-connections", "0"),
+    ] {
+        let out = yomi(&["serve", "--model", "/no/such/model", flag, value]);
+        assert_one_line_error(&out, flag);
+    }
     // No such model.
     let out = yomi(&["serve", "--model", "/no/such/model", "--port", "0"]);
     assert_one_line_error(&out, "/no/such/model");

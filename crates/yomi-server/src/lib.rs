@@ -2,18 +2,21 @@
 //! `POST /v1/completions` (streamed as server-sent events or not), `GET /v1/models`,
 //! `GET /health`.
 //!
-//! One engine, batch one: handlers take a place in the bounded queue (503 when full), template
-//! and tokenize the request (a prompt too many bytes long for the context is refused first),
-//! check it, and hand it to the engine thread ([`worker`]). Text streams back
-//! through a channel per request; a client that disconnects drops its end, which stops the
-//! generation at the next token and frees the engine. The prefix cache is on unless turned
-//! off. Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) with
-//! 400 (bad JSON or parameters, context overflow), 401 (API key), 404 (unknown model or
-//! route), 413 (body too large, or a `Content-Length` that says so), 503 (queue full, with
-//! `Retry-After`) and 500 (engine failure). Parameters that would change the output in ways
-//! yomi does not implement (`n`, `best_of`, penalties, `logprobs`, `logit_bias`, `tools`,
-//! a `response_format` other than text, `echo`, `suffix`) get 400 rather than being ignored;
-//! `stop` takes at most 4 strings of at most 256 bytes each.
+//! One engine, batch one: handlers take a place in the bounded queue (503 when full),
+//! template and tokenize the request (a prompt too many bytes long for the context is refused
+//! first), check it, and hand it to the engine thread ([`worker`]). Text streams back through
+//! a channel per request; a client that disconnects drops its end, which stops the generation
+//! at the next token and frees the engine. The prefix cache is on unless turned off.
+//! Connections are bounded in number and time: headers (and the wait on an idle keep-alive
+//! connection) and bodies have timeouts.
+//!
+//! Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) with 400 (bad
+//! JSON or parameters, context overflow), 401 (API key), 404 (unknown model or route), 408 (a
+//! body not sent within the body timeout), 413 (body too large, or a `Content-Length` that
+//! says so), 503 (queue full, with `Retry-After`) and 500 (engine failure). Parameters that
+//! would change the output in ways yomi does not implement (`n`, `best_of`, penalties,
+//! `logprobs`, `logit_bias`, `tools`, a `response_format` other than text, `echo`, `suffix`)
+//! get 400 rather than being ignored; `stop` takes at most 4 strings of at most 256 bytes each.
 
 pub mod api;
 pub mod client;
@@ -57,6 +60,14 @@ use crate::worker::{Event, Job};
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
 /// Default number of requests that may wait for the engine (besides the one running).
 pub const DEFAULT_QUEUE_SIZE: usize = 32;
+/// Default time a client has to send a request's headers; an idle keep-alive connection is
+/// closed after it too (hyper starts the clock as soon as it waits for the next request).
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default time a client has to send a request's whole body, from when its headers arrived.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default number of connections open at once; more are closed as soon as they are accepted.
+/// Below the usual 1024 file descriptors a process may hold, with room for the model's files.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 /// `Retry-After` of a 503 (queue full): a place frees when the running request ends, so a
 /// short wait; clients back off further on repeated 503s.
 const RETRY_AFTER_SECS: u64 = 1;
@@ -79,6 +90,13 @@ pub struct ServerConfig {
     pub draft_budget: usize,
     /// Tests only: a pause after every text delta, to make a generation slow.
     pub token_delay: Option<Duration>,
+    /// A client that has not sent a request's headers this long after connecting, or after
+    /// its previous response (an idle keep-alive connection), is disconnected.
+    pub header_timeout: Duration,
+    /// A request whose body has not arrived this long after its headers gets 408.
+    pub body_timeout: Duration,
+    /// Connections open at once; more are closed at once.
+    pub max_connections: usize,
 }
 
 impl Default for ServerConfig {
@@ -92,6 +110,9 @@ impl Default for ServerConfig {
             draft: DraftMode::Suffix,
             draft_budget: DEFAULT_DRAFT_BUDGET,
             token_delay: None,
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -333,6 +354,53 @@ async fn declared_length(State(app): State<AppState>, req: Request, next: Next) 
         return too_large().into_response();
     }
     next.run(req).await
+}
+
+/// Reads the whole request body within the body timeout (408 after it: a client that sends
+/// headers and then too little of its body would otherwise hold a connection and a task for
+/// ever) and within the size limit (413 beyond, chunked bodies included).
+async fn read_body(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let cfg = &app.shared.cfg;
+    let deadline = tokio::time::Instant::now() + cfg.body_timeout;
+    let (parts, body) = req.into_parts();
+    let mut data = body.into_data_stream();
+    let mut buf = Vec::new();
+    loop {
+        match tokio::time::timeout_at(deadline, data.next()).await {
+            Err(_) => {
+                let mut r = ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "invalid_request_error",
+                    format!(
+                        "the request body did not arrive within {} s",
+                        cfg.body_timeout.as_secs_f64()
+                    ),
+                )
+                .with_code("request_timeout")
+                .into_response();
+                // The rest of the body may still come: the connection cannot carry another
+                // request.
+                r.headers_mut().insert(
+                    header::CONNECTION,
+                    header::HeaderValue::from_static("close"),
+                );
+                return r;
+            }
+            Ok(None) => break,
+            Ok(Some(Err(e))) => {
+                return ApiError::bad_request(format!("cannot read the request body: {e}"))
+                    .into_response();
+            }
+            Ok(Some(Ok(chunk))) => {
+                if buf.len() + chunk.len() > cfg.max_body_bytes {
+                    return too_large().into_response();
+                }
+                buf.extend_from_slice(&chunk);
+            }
+        }
+    }
+    next.run(Request::from_parts(parts, axum::body::Body::from(buf)))
+        .await
 }
 
 /// A body that could not be read: 413 beyond the size limit, else 400.
@@ -792,6 +860,7 @@ fn build_app(engine: Engine, cfg: ServerConfig) -> (Router, Arc<Shared>) {
         .route("/v1/completions", post(completions))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(Arc::clone(&app), read_body))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&app),
             declared_length,
@@ -856,6 +925,74 @@ impl Drop for ServerHandle {
     }
 }
 
+/// Accepts and serves connections until `shutdown` resolves, then stops accepting, lets each
+/// connection finish the request it is serving (closing idle ones), and returns once all are
+/// closed.
+///
+/// hyper serves each connection with a timer, so the header timeout holds (axum's `serve`
+/// runs hyper without one: half-sent headers and idle keep-alive connections stayed open for
+/// ever, and enough of them starved everyone else); [`read_body`] bounds the body. Past
+/// `max_connections` open at once, a new connection is closed as soon as it is accepted, so
+/// a flood cannot exhaust file descriptors or memory.
+async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shared: Arc<Shared>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+
+    let cfg = &shared.cfg;
+    // `Semaphore` holds at most `usize::MAX >> 3` permits, and waiting for all takes a `u32`.
+    let max_conns = cfg.max_connections.clamp(1, u32::MAX as usize);
+    let open = Arc::new(tokio::sync::Semaphore::new(max_conns));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(cfg.header_timeout);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(_) => {
+                    // Out of file descriptors or the like: wait for some to close rather
+                    // than spin.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let conn = http.serve_connection(
+            TokioIo::new(stream),
+            TowerToHyperService::new(router.clone()),
+        );
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = async { stop.wait_for(|&s| s).await.map(|_| ()) } => {
+                    // Finish the request in progress, then close (at once when idle).
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        });
+    }
+    drop(listener);
+    stop_tx.send_replace(true);
+    let _ = open.acquire_many(max_conns as u32).await;
+}
+
 fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -868,6 +1005,7 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 /// Serves on background threads from an already bound listener.
 pub fn spawn(engine: Engine, cfg: ServerConfig, bound: Bound) -> Result<ServerHandle> {
     let (router, shared) = build_app(engine, cfg);
+    let served = Arc::clone(&shared);
     let rt = runtime()?;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let addr = bound.addr;
@@ -879,11 +1017,10 @@ pub fn spawn(engine: Engine, cfg: ServerConfig, bound: Bound) -> Result<ServerHa
         .name("yomi-server".into())
         .spawn(move || {
             rt.block_on(async move {
-                let _ = axum::serve(listener, router)
-                    .with_graceful_shutdown(async move {
-                        let _ = rx.await;
-                    })
-                    .await;
+                serve(listener, router, served, async move {
+                    let _ = rx.await;
+                })
+                .await;
             });
             rt.shutdown_timeout(Duration::from_secs(1));
         })?;
@@ -924,14 +1061,14 @@ pub fn run(
     bound: Bound,
     on_ready: impl FnOnce(SocketAddr),
 ) -> Result<()> {
-    let (router, _shared) = build_app(engine, cfg);
+    let (router, shared) = build_app(engine, cfg);
     let rt = runtime()?;
     let addr = bound.addr;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(bound.listener)?;
         on_ready(addr);
         tokio::select! {
-            r = axum::serve(listener, router) => r.context("the server failed")?,
+            () = serve(listener, router, shared, std::future::pending()) => {}
             _ = shutdown_signal() => {}
         }
         anyhow::Ok(())

@@ -458,6 +458,122 @@ fn an_oversized_prompt_is_refused_before_tokenizing() {
     h.shutdown();
 }
 
+fn connect(ep: &Endpoint) -> std::net::TcpStream {
+    let s = std::net::TcpStream::connect((ep.host.as_str(), ep.port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+/// Reads until the server closes the connection: how long that took and what came. Panics
+/// when it is still open after 10 s.
+fn until_closed(s: &mut std::net::TcpStream) -> (Duration, String) {
+    let t0 = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                panic!(
+                    "the connection is still open after {:?}: {}",
+                    t0.elapsed(),
+                    String::from_utf8_lossy(&got)
+                )
+            }
+            // Reset: closed too.
+            Err(_) => break,
+        }
+    }
+    (t0.elapsed(), String::from_utf8_lossy(&got).into_owned())
+}
+
+/// Clients that send too little, too slowly or nothing at all are disconnected after the
+/// timeouts (issue 43: axum's `serve` ran hyper without a timer, so such connections stayed
+/// open for ever); a stream that outlasts them is not cut.
+#[test]
+fn slow_and_idle_connections_are_cut() {
+    let (h, ep) = serve(ServerConfig {
+        header_timeout: Duration::from_secs(1),
+        body_timeout: Duration::from_secs(1),
+        token_delay: Some(Duration::from_millis(50)),
+        draft: DraftMode::None,
+        ..config()
+    });
+    let quick = Duration::from_secs(5);
+    // Half the headers.
+    let mut s = connect(&ep);
+    s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty")
+        .unwrap();
+    let (took, _) = until_closed(&mut s);
+    assert!(took < quick, "half-sent headers held for {took:?}");
+    // Nothing at all.
+    let mut s = connect(&ep);
+    let (took, _) = until_closed(&mut s);
+    assert!(took < quick, "a silent connection held for {took:?}");
+    // An idle keep-alive connection after its response.
+    let mut s = connect(&ep);
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .unwrap();
+    let (took, got) = until_closed(&mut s);
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    assert!(took < quick, "an idle connection held for {took:?}");
+    // A body that never arrives: 408.
+    let mut s = connect(&ep);
+    s.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+          Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\"",
+    )
+    .unwrap();
+    let (took, got) = until_closed(&mut s);
+    assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+    assert!(got.contains("request_timeout"), "{got}");
+    assert!(took < quick, "a missing body held for {took:?}");
+    // A stream of over 2 s (greedy decoding ends after some 50 pieces of text, 50 ms each)
+    // outlasts the 1 s timeouts.
+    let body = json!({
+        "model": NAME,
+        "prompt": "import numpy as np\n",
+        "max_tokens": 250,
+        "temperature": 0,
+        "stream": true,
+    });
+    let t0 = Instant::now();
+    let ev = events(post_json(&ep, "/v1/completions", &body, None, T).expect("stream"));
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"), "{ev:?}");
+    assert!(t0.elapsed() > Duration::from_secs(2), "{:?}", t0.elapsed());
+    let (s, v) = post(&ep, "/v1/chat/completions", &chat_body("hi", 2));
+    assert_eq!(s, 200, "{v}");
+    h.shutdown();
+}
+
+/// Past `max_connections` open at once, a new connection is closed at once; closing one makes
+/// room again.
+#[test]
+fn connections_beyond_the_limit_are_closed() {
+    let (h, ep) = serve(ServerConfig {
+        max_connections: 4,
+        ..config()
+    });
+    let held: Vec<_> = (0..4).map(|_| connect(&ep)).collect();
+    let mut extra = connect(&ep);
+    let (took, got) = until_closed(&mut extra);
+    assert!(
+        got.is_empty() && took < Duration::from_secs(5),
+        "{took:?} {got}"
+    );
+    drop(held);
+    wait_for("room for a connection", || {
+        get(&ep, "/health", None, T).is_ok_and(|r| r.status == 200)
+    });
+    h.shutdown();
+}
+
 /// Parameters yomi does not implement are refused (400 naming them), never ignored; their
 /// harmless values are accepted.
 #[test]
