@@ -6,7 +6,7 @@ use std::time::Duration;
 use yomi_engine::prefix_cache::PrefixCacheConfig;
 use yomi_server::{
     DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_QUEUE_SIZE,
-    ServerConfig,
+    DEFAULT_SHUTDOWN_GRACE, ServerConfig,
 };
 
 use crate::common::{DraftArgs, ModelArgs, load_engine};
@@ -52,6 +52,10 @@ pub struct ServeArgs {
     /// Connections open at once; more are closed as soon as they are accepted.
     #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS, value_name = "N")]
     pub max_connections: usize,
+    /// On Ctrl-C or SIGTERM, seconds that requests in flight have to finish; streams still
+    /// open then end with an error event and `[DONE]`, other requests get 503.
+    #[arg(long, default_value_t = DEFAULT_SHUTDOWN_GRACE.as_secs_f64(), value_name = "SECS")]
+    pub shutdown_grace: f64,
     /// Testing aid: sleep this many milliseconds after every streamed piece of text.
     #[arg(long, value_name = "MS", hide = true)]
     pub debug_token_delay_ms: Option<u64>,
@@ -66,6 +70,12 @@ pub fn run(mut a: ServeArgs, settings: &Settings) -> Result<()> {
     }
     let header_timeout = seconds("--header-timeout", a.header_timeout)?;
     let body_timeout = seconds("--body-timeout", a.body_timeout)?;
+    // 0 is allowed: cut every request at once.
+    let shutdown_grace = if a.shutdown_grace == 0.0 {
+        Duration::ZERO
+    } else {
+        seconds("--shutdown-grace", a.shutdown_grace)?
+    };
     if a.max_connections == 0 || a.max_connections > u32::MAX as usize {
         bail!("--max-connections must be between 1 and {}", u32::MAX);
     }
@@ -94,6 +104,7 @@ pub fn run(mut a: ServeArgs, settings: &Settings) -> Result<()> {
         header_timeout,
         body_timeout,
         max_connections: a.max_connections,
+        shutdown_grace,
     };
     let ctx = engine.context_size;
     let cache = if a.no_prefix_cache {

@@ -36,10 +36,16 @@ struct Served {
 
 impl Served {
     fn start() -> Served {
+        Served::start_with(&[])
+    }
+
+    /// With more flags.
+    fn start_with(extra: &[&str]) -> Served {
         let mut child = Command::new(env!("CARGO_BIN_EXE_yomi"))
             .args(["serve", "--model"])
             .arg(fixture())
             .args(["--port", "0", "--served-model-name", "tiny"])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -55,6 +61,8 @@ impl Served {
                 break line[i..].split_whitespace().next().unwrap().to_string();
             }
         };
+        // Keep reading: a closed pipe would fail the server's later messages.
+        std::thread::spawn(move || lines.for_each(drop));
         Served { child, url }
     }
 }
@@ -152,6 +160,100 @@ fn bench_measures_a_running_server() {
     assert_one_line_error(&out, "answered HTTP 404");
 }
 
+/// SIGTERM (issue 43: the server exited at once, cutting streams mid-chunk and answering
+/// non-streaming requests with nothing): a request that finishes within the grace period
+/// finishes; a stream still running after it ends with an error event and `[DONE]`; a queued
+/// non-streaming request gets a 503 error; the server exits 0 soon after the grace period.
+#[test]
+fn sigterm_lets_requests_finish_then_ends_them() {
+    use std::time::{Duration, Instant};
+    use yomi_server::client::{Endpoint, get, post_json};
+    let mut s = Served::start_with(&[
+        "--debug-token-delay-ms",
+        "200",
+        "--shutdown-grace",
+        "3",
+        "--draft",
+        "none",
+    ]);
+    let ep = Endpoint::parse(&s.url).unwrap();
+    let t = Duration::from_secs(30);
+    let body = |prompt: &str, max_tokens: usize, stream: bool| {
+        serde_json::json!({
+            "model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
+            "temperature": 0, "stream": stream,
+        })
+    };
+    let all_events = |mut r: yomi_server::client::Response| {
+        let mut out = Vec::new();
+        while let Ok(Some(e)) = r.next_event() {
+            out.push(e);
+        }
+        out
+    };
+    // A: 5 tokens, about 1 s. B: greedy decoding of this prompt runs some 50 pieces of text,
+    // over 10 s. C: non-streaming, queued behind B.
+    let mut a = post_json(&ep, "/v1/completions", &body("x", 5, true), None, t).unwrap();
+    assert_eq!(a.status, 200);
+    a.next_event().unwrap().expect("a first event");
+    let b = {
+        let ep = ep.clone();
+        let req = body("import numpy as np\n", 500, true);
+        std::thread::spawn(move || post_json(&ep, "/v1/completions", &req, None, t))
+    };
+    let waiting = |n: u64| {
+        let t0 = Instant::now();
+        loop {
+            let v = get(&ep, "/health", None, t).unwrap().json().unwrap();
+            if v["queue"]["waiting"].as_u64() == Some(n) {
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "{v}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    waiting(1);
+    let c = {
+        let ep = ep.clone();
+        let req = body("x", 5, false);
+        std::thread::spawn(move || post_json(&ep, "/v1/completions", &req, None, t))
+    };
+    waiting(2);
+    let t0 = Instant::now();
+    let killed = Command::new("kill")
+        .args(["-TERM", &s.child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(killed.success());
+    let a = all_events(a);
+    assert_eq!(a.last().map(String::as_str), Some("[DONE]"), "{a:?}");
+    assert!(
+        a.iter().any(|e| e.contains("\"finish_reason\":\"")),
+        "{a:?}"
+    );
+    let b = all_events(b.join().unwrap().expect("B answered"));
+    assert_eq!(b.last().map(String::as_str), Some("[DONE]"), "{b:?}");
+    let cut = &b[b.len() - 2];
+    assert!(cut.contains("server_shutting_down"), "{b:?}");
+    let c = c.join().unwrap().expect("C answered");
+    assert_eq!(c.status, 503);
+    let c = c.json().unwrap();
+    assert_eq!(c["error"]["code"], "server_shutting_down", "{c}");
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(8), "still running");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    let took = t0.elapsed();
+    assert!(
+        took > Duration::from_secs(2),
+        "exited after {took:?}, before the grace period"
+    );
+}
+
 #[test]
 fn bad_flags_give_one_line_errors() {
     // A port in use.
@@ -171,6 +273,7 @@ fn bad_flags_give_one_line_errors() {
         ("--body-timeout", "1e9"),
         ("--header-timeout", "NaN"),
         ("--max-connections", "0"),
+        ("--shutdown-grace", "inf"),
     ] {
         let out = yomi(&["serve", "--model", "/no/such/model", flag, value]);
         assert_one_line_error(&out, flag);

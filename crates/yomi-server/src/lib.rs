@@ -8,7 +8,9 @@
 //! a channel per request; a client that disconnects drops its end, which stops the generation
 //! at the next token and frees the engine. The prefix cache is on unless turned off.
 //! Connections are bounded in number and time: headers (and the wait on an idle keep-alive
-//! connection) and bodies have timeouts.
+//! connection) and bodies have timeouts. On shutdown the server stops accepting, lets requests
+//! in flight finish within a grace period, then ends the rest (streams with an error event and
+//! `[DONE]`, others with 503).
 //!
 //! Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) with 400 (bad
 //! JSON or parameters, context overflow), 401 (API key), 404 (unknown model or route), 408 (a
@@ -44,7 +46,6 @@ use futures_util::StreamExt;
 use futures_util::stream;
 use serde_json::{Value, json};
 use tokio::sync::mpsc::unbounded_channel;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use yomi_core::SamplerParams;
 use yomi_engine::generate::{DEFAULT_DRAFT_BUDGET, DraftMode};
 use yomi_engine::prefix_cache::{PrefixCacheConfig, PrefixCacheStats};
@@ -68,6 +69,8 @@ pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default number of connections open at once; more are closed as soon as they are accepted.
 /// Below the usual 1024 file descriptors a process may hold, with room for the model's files.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// Default time in-flight requests have to finish once the server is told to stop.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// `Retry-After` of a 503 (queue full): a place frees when the running request ends, so a
 /// short wait; clients back off further on repeated 503s.
 const RETRY_AFTER_SECS: u64 = 1;
@@ -97,6 +100,9 @@ pub struct ServerConfig {
     pub body_timeout: Duration,
     /// Connections open at once; more are closed at once.
     pub max_connections: usize,
+    /// On shutdown, how long requests in flight may take to finish; streams still open after
+    /// it end with an error event and `[DONE]`, other requests get 503.
+    pub shutdown_grace: Duration,
 }
 
 impl Default for ServerConfig {
@@ -113,6 +119,7 @@ impl Default for ServerConfig {
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             body_timeout: DEFAULT_BODY_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
         }
     }
 }
@@ -164,6 +171,8 @@ pub(crate) struct Shared {
     pub gate: Gate,
     pub cache_stats: Mutex<Option<PrefixCacheStats>>,
     pub think: ThinkTokens,
+    /// Set when the shutdown grace period is over: requests still waiting for the engine end.
+    pub cutoff: tokio::sync::watch::Sender<bool>,
 }
 
 struct App {
@@ -697,10 +706,11 @@ async fn start(
         kind: p.kind,
         include_usage: p.stream && p.include_usage,
     };
+    let cut = app.shared.cutoff.subscribe();
     if p.stream {
-        Ok(stream_response(meta, rx))
+        Ok(stream_response(meta, rx, cut))
     } else {
-        collect_response(meta, rx).await
+        collect_response(meta, rx, cut).await
     }
 }
 
@@ -708,15 +718,48 @@ fn sse(v: &Value) -> Result<SseEvent, Infallible> {
     Ok(SseEvent::default().data(v.to_string()))
 }
 
+/// Resolves once the shutdown grace period is over (never if the server is gone without one).
+async fn cut_off(cut: &mut tokio::sync::watch::Receiver<bool>) {
+    let cut = cut.wait_for(|&c| c).await.is_ok();
+    if !cut {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// What a request still waiting for the engine gets when the shutdown grace period ends.
+fn shutting_down() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server_error",
+        "the server is shutting down: the request did not finish within the grace period",
+    )
+    .with_code("server_shutting_down")
+}
+
 /// Server-sent events: the role chunk, text chunks, the finish chunk, the usage chunk when
-/// asked for, then `[DONE]`. An engine failure mid-stream sends an error object and ends.
+/// asked for, then `[DONE]`. An engine failure mid-stream sends an error object and ends; a
+/// stream cut by shutdown sends an error object and `[DONE]`, so that clients see why it
+/// ended rather than a connection closed mid-chunk.
 fn stream_response(
     meta: ResponseMeta,
     rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    cut: tokio::sync::watch::Receiver<bool>,
 ) -> Response {
     let head: Vec<Result<SseEvent, Infallible>> = meta.role_chunk().iter().map(sse).collect();
-    let events = UnboundedReceiverStream::new(rx).flat_map(move |ev| {
+    let events = stream::unfold(Some((rx, cut, meta)), |state| async move {
+        let (mut rx, mut cut, meta) = state?;
+        let ev = tokio::select! {
+            ev = rx.recv() => ev?,
+            () = cut_off(&mut cut) => {
+                let out = vec![
+                    sse(&shutting_down().body()),
+                    Ok(SseEvent::default().data("[DONE]")),
+                ];
+                return Some((out, None));
+            }
+        };
         let mut out = Vec::new();
+        let mut last = false;
         match ev {
             Event::Text(Split { reasoning, content }) => {
                 if !reasoning.is_empty() {
@@ -732,11 +775,17 @@ fn stream_response(
                     out.push(sse(&meta.usage_chunk(&o)));
                 }
                 out.push(Ok(SseEvent::default().data("[DONE]")));
+                last = true;
             }
-            Event::Failed(e) => out.push(sse(&e.body())),
+            Event::Failed(e) => {
+                out.push(sse(&e.body()));
+                last = true;
+            }
         }
-        stream::iter(out)
-    });
+        // Nothing follows the end, even if shutdown comes before the channel closes.
+        Some((out, (!last).then_some((rx, cut, meta))))
+    })
+    .flat_map(stream::iter);
     Sse::new(stream::iter(head).chain(events))
         .keep_alive(KeepAlive::default())
         .into_response()
@@ -745,11 +794,17 @@ fn stream_response(
 async fn collect_response(
     meta: ResponseMeta,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    mut cut: tokio::sync::watch::Receiver<bool>,
 ) -> Result<Response, ApiError> {
     let mut reasoning = String::new();
     let mut content = String::new();
     let mut outcome: Option<Box<Outcome>> = None;
-    while let Some(ev) = rx.recv().await {
+    loop {
+        let ev = tokio::select! {
+            ev = rx.recv() => ev,
+            () = cut_off(&mut cut) => return Err(shutting_down()),
+        };
+        let Some(ev) = ev else { break };
         match ev {
             Event::Text(s) => {
                 reasoning.push_str(&s.reasoning);
@@ -831,6 +886,7 @@ fn build_app(engine: Engine, cfg: ServerConfig) -> (Router, Arc<Shared>) {
         gate: Gate::default(),
         cache_stats: Mutex::new(None),
         think,
+        cutoff: tokio::sync::watch::Sender::new(false),
     });
     let max_prompt_bytes = prompt_byte_bound(&engine);
     let engine = Arc::new(engine);
@@ -926,8 +982,9 @@ impl Drop for ServerHandle {
 }
 
 /// Accepts and serves connections until `shutdown` resolves, then stops accepting, lets each
-/// connection finish the request it is serving (closing idle ones), and returns once all are
-/// closed.
+/// connection finish the request it is serving (closing idle ones) within the grace period,
+/// ends the requests still running after it ([`ServerConfig::shutdown_grace`]), and returns
+/// once every connection is closed (or shortly after, if some client does not read).
 ///
 /// hyper serves each connection with a timer, so the header timeout holds (axum's `serve`
 /// runs hyper without one: half-sent headers and idle keep-alive connections stayed open for
@@ -990,8 +1047,20 @@ async fn serve(
     }
     drop(listener);
     stop_tx.send_replace(true);
-    let _ = open.acquire_many(max_conns as u32).await;
+    let all = max_conns as u32;
+    if tokio::time::timeout(cfg.shutdown_grace, open.acquire_many(all))
+        .await
+        .is_err()
+    {
+        shared.cutoff.send_replace(true);
+        // The cut requests send their last events and close; a client that stopped reading
+        // must not hold the exit.
+        let _ = tokio::time::timeout(CLOSE_AFTER_CUT, open.acquire_many(all)).await;
+    }
 }
+
+/// How long connections have to close after the grace period's requests were cut.
+const CLOSE_AFTER_CUT: Duration = Duration::from_secs(2);
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -1053,7 +1122,8 @@ async fn shutdown_signal() {
     }
 }
 
-/// Serves in the foreground until Ctrl-C or SIGTERM. `on_ready` runs once the server is
+/// Serves in the foreground until Ctrl-C or SIGTERM, then shuts down gracefully (see
+/// [`ServerConfig::shutdown_grace`]). `on_ready` runs once the server is
 /// listening (e.g. to print the address).
 pub fn run(
     engine: Engine,
@@ -1067,13 +1137,22 @@ pub fn run(
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(bound.listener)?;
         on_ready(addr);
-        tokio::select! {
-            () = serve(listener, router, shared, std::future::pending()) => {}
-            _ = shutdown_signal() => {}
-        }
+        let grace = shared.cfg.shutdown_grace;
+        let stop = async move {
+            shutdown_signal().await;
+            // Not `eprintln!`: it panics when stderr is gone (a closed pipe), which would end
+            // the process without the grace period.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "yomi: stopping: requests in flight have {} s to finish",
+                grace.as_secs_f64()
+            );
+        };
+        serve(listener, router, shared, stop).await;
         anyhow::Ok(())
     })?;
-    // Open streams are cut: their generations stop when their channels close.
+    // Streams still open were ended by `serve`; their generations stop at the next token.
     rt.shutdown_timeout(Duration::from_secs(1));
     Ok(())
 }
