@@ -52,6 +52,11 @@ pub struct ServeArgs {
     /// Connections open at once; more are closed as soon as they are accepted.
     #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS, value_name = "N")]
     pub max_connections: usize,
+    /// Without an API key, also serve requests that name the server by this host name (besides
+    /// localhost names, IP addresses and --host); repeatable, `*` for any. Other names are
+    /// refused, so that web pages cannot reach the server through DNS rebinding.
+    #[arg(long, value_name = "NAME")]
+    pub allow_host: Vec<String>,
     /// On Ctrl-C or SIGTERM, seconds that requests in flight have to finish; streams still
     /// open then end with an error event and `[DONE]`, other requests get 503.
     #[arg(long, default_value_t = DEFAULT_SHUTDOWN_GRACE.as_secs_f64(), value_name = "SECS")]
@@ -105,6 +110,13 @@ pub fn run(mut a: ServeArgs, settings: &Settings) -> Result<()> {
         body_timeout,
         max_connections: a.max_connections,
         shutdown_grace,
+        // The name the server was bound by is its own.
+        allowed_hosts: a
+            .allow_host
+            .iter()
+            .cloned()
+            .chain(std::iter::once(a.host.clone()))
+            .collect(),
     };
     let ctx = engine.context_size;
     let cache = if a.no_prefix_cache {

@@ -254,6 +254,30 @@ fn sigterm_lets_requests_finish_then_ends_them() {
     );
 }
 
+/// `--allow-host` names are served without an API key; other names are refused.
+#[test]
+fn allow_host_extends_the_served_names() {
+    use std::io::Read;
+    let s = Served::start_with(&["--allow-host", "models.internal"]);
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let status = |host: &str| {
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        c.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        write!(
+            c,
+            "GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut got = String::new();
+        c.read_to_string(&mut got).unwrap();
+        got.split(' ').nth(1).unwrap_or("").to_string()
+    };
+    assert_eq!(status("models.internal:8000"), "200");
+    assert_eq!(status("localhost"), "200");
+    assert_eq!(status("evil.example"), "403");
+}
+
 #[test]
 fn bad_flags_give_one_line_errors() {
     // A port in use.

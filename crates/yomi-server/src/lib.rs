@@ -13,12 +13,14 @@
 //! `[DONE]`, others with 503).
 //!
 //! Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) with 400 (bad
-//! JSON or parameters, context overflow), 401 (API key), 404 (unknown model or route), 408 (a
-//! body not sent within the body timeout), 413 (body too large, or a `Content-Length` that
-//! says so), 503 (queue full, with `Retry-After`) and 500 (engine failure). Parameters that
-//! would change the output in ways yomi does not implement (`n`, `best_of`, penalties,
-//! `logprobs`, `logit_bias`, `tools`, a `response_format` other than text, `echo`, `suffix`)
-//! get 400 rather than being ignored; `stop` takes at most 4 strings of at most 256 bytes each.
+//! JSON or parameters, context overflow), 401 (API key), 403 (without an API key, a `Host`
+//! that a web page could have sent), 404 (unknown model or route), 408 (a body not sent
+//! within the body timeout), 413 (body too large, or a `Content-Length` that says so), 415
+//! (without an API key, a POST body not declared JSON), 503 (queue full, with `Retry-After`;
+//! shutting down) and 500 (engine failure). Parameters that would change the output in ways
+//! yomi does not implement (`n`, `best_of`, penalties, `logprobs`, `logit_bias`, `tools`, a
+//! `response_format` other than text, `echo`, `suffix`) get 400 rather than being ignored;
+//! `stop` takes at most 4 strings of at most 256 bytes each.
 
 pub mod api;
 pub mod client;
@@ -100,6 +102,9 @@ pub struct ServerConfig {
     pub body_timeout: Duration,
     /// Connections open at once; more are closed at once.
     pub max_connections: usize,
+    /// Without an API key, the host names (`Host` header, port aside) accepted besides
+    /// localhost names and IP addresses; `*` accepts any. See [`browser_guard`].
+    pub allowed_hosts: Vec<String>,
     /// On shutdown, how long requests in flight may take to finish; streams still open after
     /// it end with an error event and `[DONE]`, other requests get 503.
     pub shutdown_grace: Duration,
@@ -120,6 +125,7 @@ impl Default for ServerConfig {
             body_timeout: DEFAULT_BODY_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -337,6 +343,82 @@ async fn auth(State(app): State<AppState>, req: Request, next: Next) -> Response
             return ApiError::new(StatusCode::UNAUTHORIZED, "invalid_request_error", msg)
                 .with_code("invalid_api_key")
                 .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// The host name of a `Host` header value, without the port or IPv6 brackets, lower-cased
+/// and without a trailing dot.
+fn host_name(value: &str) -> String {
+    let v = value.trim();
+    let name = if let Some(rest) = v.strip_prefix('[') {
+        rest.split(']').next().unwrap_or(rest)
+    } else if v.matches(':').count() == 1 {
+        v.split(':').next().unwrap_or(v)
+    } else {
+        v
+    };
+    name.trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// Whether a request for `host` (a [`host_name`]) may be served without an API key.
+fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    // A DNS rebinding attack needs a name whose address the attacker controls: `localhost`
+    // and its subdomains resolve to loopback in browsers (RFC 6761), and a page loaded from
+    // an IP address is the server's own origin, so these cannot carry one.
+    host == "localhost"
+        || host.ends_with(".localhost")
+        || host.parse::<std::net::IpAddr>().is_ok()
+        || allowed.iter().any(|a| a == "*" || host_name(a) == host)
+}
+
+/// Without an API key, anything that can reach the port may use the server, and that
+/// includes any web page the user opens: a page can make the browser POST a form (or a
+/// `text/plain` body) to `http://127.0.0.1:8000` without asking, and a page on a name the
+/// attacker points at 127.0.0.1 (DNS rebinding) can even read the replies. So when no key is
+/// set, requests must name the server by a localhost name, an IP address or an
+/// `--allow-host` name (403 otherwise), and POST bodies must be declared
+/// `application/json` (415 otherwise), which a page cannot send elsewhere without the CORS
+/// preflight this server never grants. With a key set, a page cannot send the key.
+async fn browser_guard(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let cfg = &app.shared.cfg;
+    if cfg.api_key.is_some() {
+        return next.run(req).await;
+    }
+    // HTTP/1.0 clients may send no `Host`; browsers always do.
+    if let Some(value) = req.headers().get(header::HOST) {
+        let host = value.to_str().map(host_name).unwrap_or_default();
+        if !host_allowed(&host, &cfg.allowed_hosts) {
+            let shown: String = host.chars().take(100).collect();
+            return ApiError::new(
+                StatusCode::FORBIDDEN,
+                "invalid_request_error",
+                format!(
+                    "requests for host `{shown}` are refused: without an API key only \
+                     localhost names, IP addresses and --allow-host names are served (this \
+                     guards against web pages that reach the server through the browser)"
+                ),
+            )
+            .with_code("host_not_allowed")
+            .into_response();
+        }
+    }
+    if req.method() == axum::http::Method::POST {
+        let json = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
+        if !json {
+            return ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "invalid_request_error",
+                "the request body must be sent with `Content-Type: application/json`",
+            )
+            .with_code("unsupported_media_type")
+            .into_response();
         }
     }
     next.run(req).await
@@ -922,6 +1004,10 @@ fn build_app(engine: Engine, cfg: ServerConfig) -> (Router, Arc<Shared>) {
             declared_length,
         ))
         .layer(middleware::from_fn_with_state(Arc::clone(&app), auth))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&app),
+            browser_guard,
+        ))
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(app);
     (router, shared)
@@ -1187,5 +1273,33 @@ mod tests {
         assert_eq!(bearer_token("BeArEr k"), Some("k"));
         assert_eq!(bearer_token("Basic k"), None);
         assert_eq!(bearer_token("Bearerk"), None);
+    }
+
+    #[test]
+    fn hosts() {
+        assert_eq!(host_name("LocalHost:8000"), "localhost");
+        assert_eq!(host_name("[::1]:8000"), "::1");
+        assert_eq!(host_name("::1"), "::1");
+        assert_eq!(host_name("example.com."), "example.com");
+        let allowed = vec!["Models.Internal:9000".to_string()];
+        for ok in [
+            "localhost",
+            "a.localhost",
+            "127.0.0.1",
+            "::1",
+            "10.0.0.7",
+            "models.internal",
+        ] {
+            assert!(host_allowed(ok, &allowed), "{ok}");
+        }
+        for bad in [
+            "evil.example",
+            "localhost.evil.example",
+            "",
+            "models.internal.evil",
+        ] {
+            assert!(!host_allowed(bad, &allowed), "{bad}");
+        }
+        assert!(host_allowed("evil.example", &["*".to_string()]));
     }
 }

@@ -95,7 +95,7 @@ fn raw_request(
 ) -> (u16, Option<String>, Value) {
     let mut s = std::net::TcpStream::connect((ep.host.as_str(), ep.port)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut req = format!("{head}\r\nHost: x\r\nConnection: close\r\n\r\n").into_bytes();
+    let mut req = format!("{head}\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").into_bytes();
     req.extend_from_slice(body);
     s.write_all(&req).expect("send");
     let mut got = Vec::new();
@@ -571,6 +571,93 @@ fn connections_beyond_the_limit_are_closed() {
     wait_for("room for a connection", || {
         get(&ep, "/health", None, T).is_ok_and(|r| r.status == 200)
     });
+    h.shutdown();
+}
+
+/// Sends a whole hand-written request (`Connection: close` is added) and returns the status
+/// and the JSON body.
+fn exchange(ep: &Endpoint, head: &str, body: &str) -> (u16, Value) {
+    let mut s = connect(ep);
+    let req = format!(
+        "{head}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let (_, got) = until_closed(&mut s);
+    let (head, body) = got.split_once("\r\n\r\n").expect("a response");
+    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok());
+    let value = serde_json::from_str(body).unwrap_or(Value::Null);
+    (status.expect("a status"), value)
+}
+
+/// Without an API key, requests from web pages are refused (issue 43: any page could make the
+/// server generate with a form post, and DNS rebinding could read the replies): a `Host` that
+/// is not a localhost name, an IP address or an allowed name gets 403, and a POST body not
+/// declared JSON gets 415. With a key, neither applies.
+#[test]
+fn browser_requests_are_refused_without_an_api_key() {
+    let (h, ep) = serve(ServerConfig {
+        allowed_hosts: vec!["models.internal".into()],
+        ..config()
+    });
+    let chat = "POST /v1/chat/completions HTTP/1.1";
+    let body = chat_body("hi", 2).to_string();
+    let json = "Content-Type: application/json";
+    for host in [
+        "evil.example",
+        "evil.example:8000",
+        "localhost.evil.example",
+        "127.0.0.1.nip.io",
+    ] {
+        for (head, b) in [
+            (format!("GET /health HTTP/1.1\r\nHost: {host}"), ""),
+            (format!("{chat}\r\nHost: {host}\r\n{json}"), body.as_str()),
+        ] {
+            let got = exchange(&ep, &head, b);
+            assert_error(got, 403, None, Some("host_not_allowed"));
+        }
+    }
+    for host in [
+        "localhost:8000",
+        "LOCALHOST",
+        "127.0.0.1",
+        "[::1]:8000",
+        "192.168.1.9:8000",
+        "models.internal:8000",
+    ] {
+        let (s, v) = exchange(&ep, &format!("{chat}\r\nHost: {host}\r\n{json}"), &body);
+        assert_eq!(s, 200, "{host}: {v}");
+    }
+    // What a form or a plain `fetch` sends, and no type at all.
+    for ct in [
+        "\r\nContent-Type: application/x-www-form-urlencoded",
+        "\r\nContent-Type: text/plain",
+        "\r\nContent-Type: multipart/form-data; boundary=x",
+        "",
+    ] {
+        let got = exchange(&ep, &format!("{chat}\r\nHost: 127.0.0.1{ct}"), &body);
+        assert_error(got, 415, None, Some("unsupported_media_type"));
+    }
+    let (s, v) = exchange(
+        &ep,
+        &format!("{chat}\r\nHost: 127.0.0.1\r\nContent-Type: Application/JSON; charset=utf-8"),
+        &body,
+    );
+    assert_eq!(s, 200, "{v}");
+    h.shutdown();
+    // With an API key, the key is the guard.
+    let (h, ep) = serve(ServerConfig {
+        api_key: Some("sekret".into()),
+        ..config()
+    });
+    let (s, v) = exchange(
+        &ep,
+        &format!(
+            "{chat}\r\nHost: evil.example\r\nContent-Type: text/plain\r\nAuthorization: Bearer sekret"
+        ),
+        &body,
+    );
+    assert_eq!(s, 200, "{v}");
     h.shutdown();
 }
 
