@@ -13,8 +13,13 @@ use crate::settings::Settings;
 
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// Model: a Hugging Face directory or a .gguf file.
-    #[arg(long, short = 'M', value_name = "PATH")]
+    /// Model: a Hugging Face directory or a .gguf file, or a model in the local Hugging Face
+    /// cache ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub, as `yomi pull`,
+    /// `hf download` and other tools fill it) by name: hf:ORG/NAME, or ORG/NAME when no such
+    /// path exists; @REV after the name picks a branch, tag or commit and :FILE one file (one
+    /// of several .gguf), e.g. hf:HuggingFaceTB/SmolLM2-135M-Instruct or
+    /// ORG/NAME-GGUF:NAME-Q4_0.gguf.
+    #[arg(long, short = 'M', value_name = "MODEL")]
     pub model: PathBuf,
     /// Context size in tokens (default: the model's, capped at 32768).
     #[arg(long, value_name = "N")]
@@ -55,6 +60,11 @@ pub fn print_error(e: &anyhow::Error) {
 /// when the GPU cannot take the model.
 pub fn load_engine(m: &ModelArgs, settings: &Settings) -> Result<Engine> {
     check_device(&m.device)?;
+    let resolved = crate::hub::resolve_model(&m.model, settings.hf_cache.as_deref())?;
+    let m = &ModelArgs {
+        model: resolved,
+        ..m.clone()
+    };
     let opts = EngineOptions {
         context_size: m.ctx_size,
         threads: m.threads,

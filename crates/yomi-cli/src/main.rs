@@ -4,9 +4,11 @@ mod cmd_bench;
 mod cmd_chat;
 mod cmd_logits;
 mod cmd_perplexity;
+mod cmd_pull;
 mod cmd_run;
 mod cmd_serve;
 mod common;
+mod hub;
 mod settings;
 
 use clap::{Parser, Subcommand};
@@ -19,10 +21,13 @@ use std::process::ExitCode;
     about = "yomi — a fast local LLM inference engine (batch one, CPU now, CUDA next)",
     long_about = "yomi runs large language models on your own machine, one user at a time.\n\n\
         A model is a Hugging Face directory (config.json, *.safetensors, tokenizer.json) or a \
-        .gguf file. Supported architectures: Qwen3.5/3.6 (Gated DeltaNet hybrid), Llama, \
-        Qwen2, Qwen3 and SmolLM.\n\n\
+        .gguf file, or one in the local Hugging Face cache by name (hf:ORG/NAME[:FILE.gguf], \
+        downloaded by `yomi pull ORG/NAME` or any other Hugging Face tool). Supported \
+        architectures: Qwen3.5/3.6 (Gated DeltaNet hybrid), Llama, Qwen2, Qwen3 and SmolLM.\n\n\
         Examples:\n  \
         yomi run --model ./SmolLM2-135M-Instruct.Q4_1.gguf -m \"Write a haiku about Rust.\"\n  \
+        yomi pull HuggingFaceTB/SmolLM2-135M-Instruct\n  \
+        yomi run --model hf:HuggingFaceTB/SmolLM2-135M-Instruct -m \"Hello\"\n  \
         yomi run --model ./qwen3.5-dir -m \"Explain GDN\" --temperature 0.7 --seed 1 --json\n  \
         yomi logits --model ./model-dir --tokens 1,2,3 --out logits.safetensors"
 )]
@@ -50,6 +55,9 @@ enum Command {
     /// Measure any OpenAI-compatible server: time to first token, end-to-end time, decode
     /// tok/s and tokens per pass, medians over runs.
     Bench(cmd_bench::BenchArgs),
+    /// Download a model from the Hugging Face hub (HF_ENDPOINT) into the local Hugging Face
+    /// cache, where `--model hf:ORG/NAME` finds it: `yomi pull ORG/NAME[:FILE.gguf]`.
+    Pull(cmd_pull::PullArgs),
 }
 
 fn main() -> ExitCode {
@@ -64,6 +72,7 @@ fn main() -> ExitCode {
             Command::Chat(a) => cmd_chat::run(a, &s),
             Command::Serve(a) => cmd_serve::run(a, &s),
             Command::Bench(a) => cmd_bench::run(a, &s),
+            Command::Pull(a) => cmd_pull::run(a, &s),
         }
     });
     match result {

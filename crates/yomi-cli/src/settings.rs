@@ -1,8 +1,9 @@
 //! Every environment variable `yomi` reads, read once at start-up ([`Settings::from_env`], in
 //! `main`, before any command runs) into typed options for the crates: the libraries read no
-//! environment. Apart from `YOMI_API_KEY` these are switches for measuring, not for everyday
-//! use (README, "Switches for measuring"); unset or empty means the default, and a value outside
-//! those listed stops `yomi` with a one-line error.
+//! environment. Apart from `YOMI_API_KEY` and the Hugging Face cache and hub (`HF_*`) these are
+//! switches for measuring, not for everyday use (README, "Switches for measuring"); unset or
+//! empty means the default, and a value outside those listed stops `yomi` with a one-line
+//! error.
 //!
 //! | variable | values (default first) | meaning | option |
 //! |---|---|---|---|
@@ -24,8 +25,12 @@
 //! | `YOMI_CUDA_CHUNK` | `1`, `0` | prompts through the GPU in layer-major passes of up to 2048 tokens, or the whole model per 32 tokens | [`yomi_cuda::CudaOptions::chunk`] |
 //! | `XDG_CACHE_HOME`, `HOME` | paths | the compiled GPU kernels are cached in `$XDG_CACHE_HOME/yomi/kernels` (when absolute), else `$HOME/.cache/yomi/kernels`, else not at all | [`yomi_cuda::CudaOptions::kernel_cache_dir`] |
 //! | `YOMI_API_KEY` | unset, a key | the bearer token of `serve` (required on `/v1/*`) and `bench` (sent) when `--api-key` is not given | [`Settings::api_key`] |
+//! | `HF_HUB_CACHE`, `HF_HOME` (and `XDG_CACHE_HOME`, `HOME`) | paths | the Hugging Face cache that `--model hf:ORG/NAME` reads and `yomi pull` writes, as `huggingface_hub` finds it: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `$XDG_CACHE_HOME/huggingface/hub`, else `$HOME/.cache/huggingface/hub` | [`Settings::hf_cache`] |
+//! | `HF_ENDPOINT` | `https://huggingface.co`, an `http(s)://` URL | the hub `yomi pull` downloads from (its HTTP client, ureq under `hf-hub`, also takes a proxy from `ALL_PROXY`/`HTTPS_PROXY`/`HTTP_PROXY` as every tool does) | [`Settings::hf_endpoint`] |
+//! | `HF_TOKEN` | unset, a token | the access token `yomi pull` sends (unset: the cache's `../token` file, written by `hf auth login`, if any) | [`Settings::hf_token`] |
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 
 use anyhow::{Result, bail};
 use yomi_cpu::CpuOptions;
@@ -48,6 +53,12 @@ pub struct Settings {
     pub cuda: CudaOptions,
     /// `YOMI_API_KEY`: the default of `serve`'s and `bench`'s `--api-key`.
     pub api_key: Option<String>,
+    /// The Hugging Face hub cache (`HF_HUB_CACHE`, `HF_HOME`, …; None: no home to put it in).
+    pub hf_cache: Option<PathBuf>,
+    /// `HF_ENDPOINT`, without a trailing `/`.
+    pub hf_endpoint: String,
+    /// `HF_TOKEN`.
+    pub hf_token: Option<String>,
 }
 
 impl Default for Settings {
@@ -60,6 +71,9 @@ impl Default for Settings {
             pass_trace: false,
             cuda: CudaOptions::default(),
             api_key: None,
+            hf_cache: None,
+            hf_endpoint: crate::hub::DEFAULT_ENDPOINT.to_string(),
+            hf_token: None,
         }
     }
 }
@@ -132,6 +146,20 @@ impl Settings {
         s.cuda.kernel_cache_dir =
             yomi_cuda::kernels::cache_dir_from(get("XDG_CACHE_HOME"), get("HOME"));
         s.api_key = var("YOMI_API_KEY")?;
+        s.hf_cache = crate::hub::cache_dir_from(
+            get("HF_HUB_CACHE"),
+            get("HF_HOME"),
+            get("XDG_CACHE_HOME"),
+            get("HOME"),
+        );
+        if let Some(v) = var("HF_ENDPOINT")? {
+            let url = v.trim().trim_end_matches('/');
+            if !(url.starts_with("http://") || url.starts_with("https://")) || url.contains(' ') {
+                return Err(bad("HF_ENDPOINT", &v, "an http:// or https:// URL"));
+            }
+            s.hf_endpoint = url.to_string();
+        }
+        s.hf_token = var("HF_TOKEN")?.map(|t| t.trim().to_string());
         Ok(s)
     }
 
@@ -211,6 +239,8 @@ mod tests {
             "YOMI_CUDA_GEMM",
             "YOMI_CUDA_CHUNK",
             "YOMI_API_KEY",
+            "HF_ENDPOINT",
+            "HF_TOKEN",
         ];
         let vars: Vec<(&str, &str)> = names.iter().map(|n| (*n, " ")).collect();
         let s = read(&vars).unwrap();
@@ -311,6 +341,25 @@ mod tests {
         assert_eq!(dir(&[]), None);
     }
 
+    /// The Hugging Face cache and hub (hub::cache_dir_from has the cases of the cache).
+    #[test]
+    fn hugging_face() {
+        let s = read(&[("HF_HOME", "/h"), ("HOME", "/u")]).unwrap();
+        assert_eq!(s.hf_cache, Some("/h/hub".into()));
+        assert_eq!(s.hf_endpoint, "https://huggingface.co");
+        assert_eq!(s.hf_token, None);
+        let s = read(&[
+            ("HF_HUB_CACHE", "/c"),
+            ("HF_ENDPOINT", "http://127.0.0.1:9/"),
+            ("HF_TOKEN", "t"),
+        ])
+        .unwrap();
+        assert_eq!(s.hf_cache, Some("/c".into()));
+        assert_eq!(s.hf_endpoint, "http://127.0.0.1:9");
+        assert_eq!(s.hf_token.as_deref(), Some("t"));
+        assert_eq!(read(&[]).unwrap().hf_cache, None);
+    }
+
     #[test]
     fn bad_values_are_one_line_errors() {
         for (name, value, want) in [
@@ -363,6 +412,11 @@ mod tests {
                 "YOMI_PASS_TRACE",
                 "yes",
                 "YOMI_PASS_TRACE=\"yes\": expected 0 or 1",
+            ),
+            (
+                "HF_ENDPOINT",
+                "hf.co",
+                "HF_ENDPOINT=\"hf.co\": expected an http:// or https:// URL",
             ),
         ] {
             assert_eq!(err(&[(name, value)]), want);

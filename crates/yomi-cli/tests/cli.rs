@@ -999,3 +999,55 @@ fn bad_gguf_metadata_is_named() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `yomi` with the Hugging Face variables replaced: the cache at `cache`, the hub at `endpoint`.
+fn yomi_hf(cache: &Path, endpoint: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_yomi"))
+        .args(args)
+        .env_remove("HF_HOME")
+        .env_remove("HF_TOKEN")
+        .env("HF_HUB_CACHE", cache)
+        .env("HF_ENDPOINT", endpoint)
+        .output()
+        .expect("run yomi")
+}
+
+/// With no hub reachable (a closed loopback port), `yomi pull` says so in one line, exit 1.
+#[test]
+fn pull_without_network() {
+    let cache = tempfile::tempdir().unwrap();
+    let out = yomi_hf(
+        cache.path(),
+        "http://127.0.0.1:9",
+        &["pull", "yomi-test/anything"],
+    );
+    assert_clean_error(
+        &out,
+        "cannot reach the Hugging Face hub at http://127.0.0.1:9 (HF_ENDPOINT) to pull yomi-test/anything",
+    );
+    let out = yomi_hf(cache.path(), "http://127.0.0.1:9", &["pull", "a/b/c"]);
+    assert_clean_error(&out, "a/b/c: expected ORG/NAME");
+    let out = yomi_hf(cache.path(), "hub", &["pull", "a/b"]);
+    assert_clean_error(
+        &out,
+        "HF_ENDPOINT=\"hub\": expected an http:// or https:// URL",
+    );
+}
+
+/// A model name missing from the cache (tests/python/test_hf_cache.py runs cached ones).
+#[test]
+fn model_not_in_the_cache() {
+    let cache = tempfile::tempdir().unwrap();
+    let out = yomi_hf(
+        cache.path(),
+        "http://127.0.0.1:9",
+        &["run", "--model", "hf:yomi-test/absent", "-m", "hi"],
+    );
+    assert_clean_error(
+        &out,
+        &format!(
+            "yomi-test/absent is not in the Hugging Face cache at {} (download it with `yomi pull yomi-test/absent`)",
+            cache.path().display()
+        ),
+    );
+}
