@@ -506,6 +506,38 @@ fn unsupported_architecture() {
     assert_clean_error(&out, "LlamaForCausalLM");
 }
 
+/// A chat template that loops or writes without end: one `error:` line, exit 1, at once
+/// (issue 43: the first one hung, the second took all memory).
+#[test]
+fn hostile_chat_templates() {
+    let flood = format!(
+        "{{% for i in range(100000) %}}{{% for j in range(100000) %}}{}{{% endfor %}}{{% endfor %}}",
+        "x".repeat(1000)
+    );
+    for (tpl, needle) in [
+        (
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            "budget",
+        ),
+        (flood.as_str(), "output passed"),
+    ] {
+        let d = broken_copy();
+        let cfg = d.path().join("tokenizer_config.json");
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+        v["chat_template"] = serde_json::json!(tpl);
+        std::fs::write(&cfg, v.to_string()).unwrap();
+        let t0 = std::time::Instant::now();
+        let out = run_on(d.path());
+        assert_clean_error(&out, needle);
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "{:?}",
+            t0.elapsed()
+        );
+    }
+}
+
 #[test]
 fn malformed_config() {
     let d = broken_copy();

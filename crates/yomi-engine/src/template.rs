@@ -53,6 +53,43 @@ const TEMPLATE_NAME: &str = "chat_template";
 
 /// Context keys the caller's extra kwargs may not override (transformers passes them
 /// explicitly, so a duplicate would be an error there).
+/// minijinja's budget for one render, in its fuel: one per instruction and one per 64 bytes of
+/// data the template creates. A template is a program from the model's files (or a GGUF
+/// header): without a budget, one that loops for ever hangs its request and one that builds
+/// strings without end takes all memory. The budget grows with the input (messages, tools,
+/// kwargs as JSON): this base, plus one fuel per [`INPUT_BYTES_PER_FUEL`] bytes. Real templates
+/// take a few hundred fuel a message plus about a tenth of the input's bytes (8 MiB of
+/// messages: 400 000 to 800 000, a few ms), so they stay far below it, while a hostile one stops
+/// within some 60 ms and 128 MiB of data, and as much again per 4 MiB of input.
+pub const BASE_RENDER_FUEL: u64 = 2_000_000;
+/// See [`BASE_RENDER_FUEL`].
+pub const INPUT_BYTES_PER_FUEL: u64 = 2;
+/// The longest rendered prompt is this plus twice the input's bytes: a template that writes
+/// more is stopped there (real ones write the messages and a little markup around each).
+pub const BASE_RENDERED_BYTES: usize = 16 << 20;
+
+/// Collects the rendered text up to `limit` bytes, then fails the render.
+struct BoundedOutput {
+    buf: Vec<u8>,
+    limit: usize,
+    over: bool,
+}
+
+impl std::io::Write for BoundedOutput {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + b.len() > self.limit {
+            self.over = true;
+            return Err(std::io::Error::other("the rendered prompt is too long"));
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 const RESERVED_KEYS: [&str; 4] = ["messages", "tools", "documents", "add_generation_prompt"];
 
 /// A compiled chat template plus the special-token strings it may reference.
@@ -224,13 +261,51 @@ impl ChatTemplate {
         }
         let ctx = Value::from_pairs(ctx);
 
-        let tmpl = self
-            .env
+        let input = json_len(messages) + tools.map_or(0, json_len) + extra.map_or(0, json_len);
+        let fuel = BASE_RENDER_FUEL.saturating_add(input as u64 / INPUT_BYTES_PER_FUEL);
+        // Fuel is per environment; a clone shares the compiled template.
+        let mut env = self.env.clone();
+        env.set_fuel(Some(fuel));
+        let tmpl = env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| template_error("chat template failed", &e))?;
-        tmpl.render(ctx)
-            .map_err(|e| template_error("chat template failed", &e))
+        let limit = BASE_RENDERED_BYTES.saturating_add(input.saturating_mul(2));
+        let mut out = BoundedOutput {
+            buf: Vec::new(),
+            limit,
+            over: false,
+        };
+        match tmpl.render_captured_to(ctx, &mut out) {
+            Ok(_) => String::from_utf8(out.buf)
+                .map_err(|_| anyhow!("chat template failed: its output is not UTF-8")),
+            Err(_) if out.over => bail!(
+                "chat template failed: its output passed {limit} bytes (a template that \
+                 writes without end?)"
+            ),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => bail!(
+                "chat template failed: it ran past its budget of {fuel} steps (a template \
+                 that loops or builds data without end?)"
+            ),
+            Err(e) => Err(template_error("chat template failed", &e)),
+        }
     }
+}
+
+/// The length of a value as JSON (what a render's budget grows with).
+fn json_len<T: Serialize + ?Sized>(v: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
 }
 
 /// A one-line anyhow error from a minijinja error (its cause chain flattened).
@@ -907,6 +982,62 @@ mod tests {
             ChatMessage::system("You are helpful."),
             ChatMessage::user("Hi"),
         ]
+    }
+
+    /// Templates that loop, build data or write without end are stopped within their budget
+    /// (issue 43: one hung its request for ever, another took all memory), with an error
+    /// that says why; real templates with a large conversation stay well within it.
+    #[test]
+    fn hostile_templates_are_stopped() {
+        let lines = "x".repeat(1000);
+        let flood = format!(
+            "{{% for i in range(100000) %}}{{% for j in range(100000) %}}{lines}\
+             {{% endfor %}}{{% endfor %}}"
+        );
+        for (src, needle) in [
+            (
+                "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+                "budget",
+            ),
+            (
+                "{% set ns = namespace(s='x') %}{% for i in range(100) %}\
+                 {% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+                "budget",
+            ),
+            ("{{ ('x' * 90000000) * 90000000 }}", "budget"),
+            (flood.as_str(), "output passed"),
+        ] {
+            let t = ChatTemplate::new(src, None, None).expect("compile");
+            let t0 = std::time::Instant::now();
+            let e = t.render(&conversation(), true, None).unwrap_err();
+            let msg = format!("{e:#}");
+            assert!(msg.contains(needle), "{src:.60}: {msg}");
+            assert!(!msg.contains('\n'), "{msg}");
+            let took = t0.elapsed();
+            assert!(
+                took < std::time::Duration::from_secs(5),
+                "{src:.60}: {took:?}"
+            );
+        }
+        // 8 MiB of conversation through a real template.
+        let msgs: Vec<ChatMessage> = (0..1000)
+            .map(|i| match i % 2 {
+                0 => ChatMessage::user("x".repeat(8000)),
+                _ => ChatMessage::assistant(format!(
+                    "<think>\n{}\n</think>\n\n{}",
+                    "y".repeat(4000),
+                    "z".repeat(4000)
+                )),
+            })
+            .collect();
+        let t = ChatTemplate::new(QWEN3_LIKE, None, Some("<|im_end|>".into())).expect("compile");
+        let out = t.render(&msgs, true, None).expect("render");
+        assert!(out.len() > 6_000_000);
+        let t = ChatTemplate::from_hf_dir(FIXTURE)
+            .expect("load")
+            .expect("template");
+        let out = t.render(&msgs, true, None).expect("render");
+        assert!(out.len() > 8_000_000);
     }
 
     #[test]

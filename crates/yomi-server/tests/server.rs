@@ -661,6 +661,40 @@ fn browser_requests_are_refused_without_an_api_key() {
     h.shutdown();
 }
 
+/// A chat template that loops without end gets a 400 naming the problem, at once, and the
+/// server goes on serving (issue 43: it hung the request for ever).
+#[test]
+fn a_hostile_chat_template_is_an_error() {
+    let dir = std::env::temp_dir().join(format!("yomi-hostile-template-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in std::fs::read_dir(fixture("qwen35-tiny")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    let cfg = dir.join("tokenizer_config.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    v["chat_template"] =
+        json!("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}");
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    let e = engine_at(&dir, 256);
+    let _ = std::fs::remove_dir_all(&dir);
+    let (h, ep) = serve_engine(e, config());
+    let t0 = Instant::now();
+    let got = post(&ep, "/v1/chat/completions", &chat_body("hi", 2));
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    let msg = got.1["error"]["message"].as_str().unwrap_or("").to_string();
+    assert_error(got, 400, Some("messages"), None);
+    assert!(msg.contains("budget"), "{msg}");
+    let (s, v) = post(
+        &ep,
+        "/v1/completions",
+        &json!({"model": NAME, "prompt": "x", "max_tokens": 2}),
+    );
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(h.health()["queue"]["waiting"], 0);
+    h.shutdown();
+}
+
 /// Parameters yomi does not implement are refused (400 naming them), never ignored; their
 /// harmless values are accepted.
 #[test]
