@@ -695,6 +695,31 @@ fn a_hostile_chat_template_is_an_error() {
     h.shutdown();
 }
 
+/// A body over the limit is read and dropped before the 413 goes out (up to 4 times the
+/// limit), so that clients that send the whole body before reading (Python's `http.client`)
+/// get the 413 rather than a connection reset mid-send.
+#[test]
+fn an_oversized_body_gets_its_413_after_it_is_sent() {
+    let (h, ep) = serve(ServerConfig {
+        max_body_bytes: 3 << 20,
+        ..config()
+    });
+    let body = vec![b' '; 11 << 20];
+    let mut s = connect(&ep);
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(&body)
+        .expect("the server reset the connection while the body was being sent");
+    let (_, got) = until_closed(&mut s);
+    assert!(got.starts_with("HTTP/1.1 413"), "{got}");
+    assert!(got.contains("request_too_large"), "{got}");
+    h.shutdown();
+}
+
 /// Parameters yomi does not implement are refused (400 naming them), never ignored; their
 /// harmless values are accepted.
 #[test]
