@@ -58,7 +58,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "NAME")]
     pub allow_host: Vec<String>,
     /// On Ctrl-C or SIGTERM, seconds that requests in flight have to finish; streams still
-    /// open then end with an error event and `[DONE]`, other requests get 503.
+    /// open then end with an error event and `[DONE]`, other requests get 503. A second
+    /// Ctrl-C or SIGTERM ends the wait at once.
     #[arg(long, default_value_t = DEFAULT_SHUTDOWN_GRACE.as_secs_f64(), value_name = "SECS")]
     pub shutdown_grace: f64,
     /// Testing aid: sleep this many milliseconds after every streamed piece of text.

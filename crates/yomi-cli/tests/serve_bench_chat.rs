@@ -254,6 +254,61 @@ fn sigterm_lets_requests_finish_then_ends_them() {
     );
 }
 
+/// A second SIGTERM (or Ctrl-C) during the grace period ends it: the stream still running
+/// ends with the error event and `[DONE]`, and the server exits 0 at once.
+#[test]
+fn a_second_sigterm_ends_the_grace_period() {
+    use std::time::{Duration, Instant};
+    use yomi_server::client::{Endpoint, post_json};
+    let mut s = Served::start_with(&[
+        "--debug-token-delay-ms",
+        "200",
+        "--shutdown-grace",
+        "60",
+        "--draft",
+        "none",
+    ]);
+    let ep = Endpoint::parse(&s.url).unwrap();
+    let body = serde_json::json!({
+        "model": "tiny", "prompt": "import numpy as np\n", "max_tokens": 500,
+        "temperature": 0, "stream": true,
+    });
+    let mut r = post_json(&ep, "/v1/completions", &body, None, Duration::from_secs(30)).unwrap();
+    r.next_event().unwrap().expect("a first event");
+    let t0 = Instant::now();
+    let term = || {
+        let st = Command::new("kill")
+            .args(["-TERM", &s.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(st.success());
+    };
+    term();
+    std::thread::sleep(Duration::from_millis(300));
+    term();
+    let mut events = Vec::new();
+    while let Ok(Some(e)) = r.next_event() {
+        events.push(e);
+    }
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "{events:?}"
+    );
+    assert!(
+        events[events.len() - 2].contains("server_shutting_down"),
+        "{events:?}"
+    );
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(8), "still running");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+}
+
 /// `--allow-host` names are served without an API key; other names are refused.
 #[test]
 fn allow_host_extends_the_served_names() {

@@ -1105,8 +1105,8 @@ impl Drop for ServerHandle {
 }
 
 /// Accepts and serves connections until `shutdown` resolves, then stops accepting, lets each
-/// connection finish the request it is serving (closing idle ones) within the grace period,
-/// ends the requests still running after it ([`ServerConfig::shutdown_grace`]), and returns
+/// connection finish the request it is serving (closing idle ones) within the grace period
+/// (or until `hurry` resolves), ends the requests still running after it ([`ServerConfig::shutdown_grace`]), and returns
 /// once every connection is closed (or shortly after, if some client does not read).
 ///
 /// hyper serves each connection with a timer, so the header timeout holds (axum's `serve`
@@ -1119,6 +1119,7 @@ async fn serve(
     router: Router,
     shared: Arc<Shared>,
     shutdown: impl std::future::Future<Output = ()>,
+    hurry: impl std::future::Future<Output = ()>,
 ) {
     use hyper_util::rt::{TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
@@ -1171,10 +1172,12 @@ async fn serve(
     drop(listener);
     stop_tx.send_replace(true);
     let all = max_conns as u32;
-    if tokio::time::timeout(cfg.shutdown_grace, open.acquire_many(all))
-        .await
-        .is_err()
-    {
+    // `hurry` (a second Ctrl-C) ends the grace period early.
+    let drained = tokio::select! {
+        r = tokio::time::timeout(cfg.shutdown_grace, open.acquire_many(all)) => r.is_ok(),
+        () = hurry => false,
+    };
+    if !drained {
         shared.cutoff.send_replace(true);
         // The cut requests send their last events and close; a client that stopped reading
         // must not hold the exit.
@@ -1209,10 +1212,10 @@ pub fn spawn(engine: Engine, cfg: ServerConfig, bound: Bound) -> Result<ServerHa
         .name("yomi-server".into())
         .spawn(move || {
             rt.block_on(async move {
-                serve(listener, router, served, async move {
+                let stop = async move {
                     let _ = rx.await;
-                })
-                .await;
+                };
+                serve(listener, router, served, stop, std::future::pending()).await;
             });
             rt.shutdown_timeout(Duration::from_secs(1));
         })?;
@@ -1268,11 +1271,17 @@ pub fn run(
             use std::io::Write;
             let _ = writeln!(
                 std::io::stderr(),
-                "yomi: stopping: requests in flight have {} s to finish",
+                "yomi: stopping: requests in flight have {} s to finish (Ctrl-C again: now)",
                 grace.as_secs_f64()
             );
         };
-        serve(listener, router, shared, stop).await;
+        // Polled only once stopping: a later Ctrl-C or SIGTERM, not the first.
+        let hurry = async {
+            shutdown_signal().await;
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "yomi: stopping now");
+        };
+        serve(listener, router, shared, stop, hurry).await;
         anyhow::Ok(())
     })?;
     // Streams still open were ended by `serve`; their generations stop at the next token.
