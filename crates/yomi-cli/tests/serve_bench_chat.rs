@@ -416,3 +416,78 @@ fn chat_holds_a_session() {
     assert!(err.contains("(conversation cleared)"), "{err}");
     assert!(!String::from_utf8_lossy(&out.stdout).trim().is_empty());
 }
+
+/// The server's peak resident memory (VmHWM of /proc/PID/status), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc status");
+    let kb: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM");
+    kb * 1024
+}
+
+/// Prompts just under the 8 MiB body limit, four at once (completions and chat), are refused
+/// before they are tokenized or templated at length, so the server's peak memory grows by far
+/// less than the reliability issue's bound of 256 MiB per request (before the fix one such
+/// request took 0.7–1.4 GB).
+#[test]
+#[cfg(target_os = "linux")]
+fn oversized_prompts_do_not_grow_the_server() {
+    use std::time::Duration;
+    use yomi_server::client::{Endpoint, post_json};
+    let s = Served::start();
+    let ep = Endpoint::parse(&s.url).unwrap();
+    let t = Duration::from_secs(60);
+    // Settle the server's memory with one ordinary request.
+    let small = serde_json::json!({"model": "tiny", "prompt": "x", "max_tokens": 2});
+    assert_eq!(
+        post_json(&ep, "/v1/completions", &small, None, t)
+            .unwrap()
+            .status,
+        200
+    );
+    let before = peak_rss(s.child.id());
+    let big = "def f(x):\n    return x\n".repeat((7 << 20) / 24);
+    let bodies = [
+        (
+            "/v1/completions",
+            serde_json::json!({"model": "tiny", "prompt": big, "max_tokens": 2}),
+        ),
+        (
+            "/v1/completions",
+            serde_json::json!({"model": "tiny", "prompt": big, "max_tokens": 2}),
+        ),
+        (
+            "/v1/chat/completions",
+            serde_json::json!({"model": "tiny", "max_tokens": 2,
+                "messages": [{"role": "user", "content": big}]}),
+        ),
+        (
+            "/v1/chat/completions",
+            serde_json::json!({"model": "tiny", "max_tokens": 2,
+                "messages": [{"role": "user", "content": big}]}),
+        ),
+    ];
+    let threads: Vec<_> = bodies
+        .into_iter()
+        .map(|(path, body)| {
+            let ep = ep.clone();
+            std::thread::spawn(move || post_json(&ep, path, &body, None, t).map(|r| r.status))
+        })
+        .collect();
+    for th in threads {
+        assert_eq!(th.join().unwrap().unwrap(), 400, "an oversized prompt");
+    }
+    let grown = peak_rss(s.child.id()).saturating_sub(before);
+    eprintln!(
+        "peak memory growth over 4 oversized requests: {} MiB",
+        grown >> 20
+    );
+    assert!(
+        grown < 256 << 20,
+        "4 oversized requests grew the server's peak memory by {} MiB",
+        grown >> 20
+    );
+}
