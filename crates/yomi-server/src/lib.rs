@@ -267,7 +267,16 @@ async fn models(State(app): State<AppState>) -> Response {
     axum::Json(json!({"object": "list", "data": [model_card(&app)]})).into_response()
 }
 
-async fn model(State(app): State<AppState>, Path(id): Path<String>) -> Response {
+async fn model(
+    State(app): State<AppState>,
+    id: Result<Path<String>, axum::extract::rejection::PathRejection>,
+) -> Response {
+    // A path that does not decode (e.g. `%FF`) is a client error in the API's JSON shape, not
+    // axum's plain-text rejection.
+    let Path(id) = match id {
+        Ok(p) => p,
+        Err(e) => return ApiError::bad_request(format!("invalid path: {e}")).into_response(),
+    };
     if id == app.shared.cfg.model_name {
         axum::Json(model_card(&app)).into_response()
     } else {
@@ -371,6 +380,43 @@ fn host_allowed(host: &str, allowed: &[String]) -> bool {
         || host.ends_with(".localhost")
         || host.parse::<std::net::IpAddr>().is_ok()
         || allowed.iter().any(|a| a == "*" || host_name(a) == host)
+}
+
+/// The longest request target (path and query) served, and the most header bytes: every
+/// route's URI is short and no client needs large headers, so longer ones are refused in the
+/// API's JSON shape (414 / 431) before anything else runs. hyper's own, larger limits stay as
+/// the last line (it answers those with an empty body).
+const MAX_URI_BYTES: usize = 8 << 10;
+const MAX_HEADER_BYTES: usize = 64 << 10;
+
+async fn size_guard(req: Request, next: Next) -> Response {
+    let uri = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if uri > MAX_URI_BYTES {
+        return ApiError::new(
+            StatusCode::URI_TOO_LONG,
+            "invalid_request_error",
+            format!("the request path is {uri} bytes; at most {MAX_URI_BYTES} are served"),
+        )
+        .with_code("uri_too_long")
+        .into_response();
+    }
+    let headers: usize = req
+        .headers()
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 4)
+        .sum();
+    if headers > MAX_HEADER_BYTES {
+        return ApiError::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "invalid_request_error",
+            format!(
+                "the request headers are {headers} bytes; at most {MAX_HEADER_BYTES} are served"
+            ),
+        )
+        .with_code("headers_too_large")
+        .into_response();
+    }
+    next.run(req).await
 }
 
 /// Without an API key, anything that can reach the port may use the server, and that
@@ -1045,6 +1091,7 @@ fn build_app(engine: Engine, cfg: ServerConfig) -> (Router, Arc<Shared>) {
             Arc::clone(&app),
             browser_guard,
         ))
+        .layer(middleware::from_fn(size_guard))
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(app);
     (router, shared)

@@ -1141,3 +1141,23 @@ fn thinking_streams_as_reasoning_content() {
     h.shutdown();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Errors of the HTTP layer come back in the API's JSON shape too: a path that does not decode
+/// (400), a request target past 8 KiB (414) and headers past 64 KiB (431), each with its code.
+#[test]
+fn http_layer_errors_are_json() {
+    let (h, ep) = serve(config());
+    let (s, _, v) = raw_request(&ep, "GET /v1/models/%FF HTTP/1.1", b"", "content-type");
+    assert_error((s, v), 400, None, None);
+    let long = format!("GET /v1/models/{} HTTP/1.1", "a".repeat(9000));
+    let (s, _, v) = raw_request(&ep, &long, b"", "content-type");
+    assert_error((s, v), 414, None, Some("uri_too_long"));
+    let big = format!("GET /health HTTP/1.1\r\nX-Big: {}", "a".repeat(70_000));
+    let (s, _, v) = raw_request(&ep, &big, b"", "content-type");
+    assert_error((s, v), 431, None, Some("headers_too_large"));
+    // Just under both bounds the request is served.
+    let ok = format!("GET /health HTTP/1.1\r\nX-Big: {}", "a".repeat(60_000));
+    let (s, _, _) = raw_request(&ep, &ok, b"", "content-type");
+    assert_eq!(s, 200);
+    drop(h);
+}
