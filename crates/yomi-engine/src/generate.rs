@@ -240,28 +240,42 @@ struct PassBuffers {
     curve: Vec<f32>,
 }
 
-/// Tells the drafter which rows the pass at position `c` committed, with their hidden states
-/// when it reads them (the accepted rows' rows of each tapped point).
-fn report_committed(d: &mut dyn Drafter, c: usize, pass: &PassBuffers, taps: Option<&HiddenTaps>) {
-    let tokens: Vec<u32> = pass
-        .accepted
-        .iter()
-        .map(|&r| pass.draft.tokens()[r])
-        .collect();
-    let gathered: Vec<Vec<f32>> = taps.map_or(Vec::new(), |t| {
-        t.hidden
-            .iter()
-            .map(|h| {
+/// What the drafter is told after each verify pass, in buffers reused from pass to pass.
+#[derive(Default)]
+struct Committed {
+    tokens: Vec<u32>,
+    /// Per tapped point, the accepted rows' hidden states.
+    hidden: Vec<Vec<f32>>,
+}
+
+impl Committed {
+    /// Tells the drafter which rows the pass at position `c` committed, with their hidden
+    /// states when it reads them (the accepted rows' rows of each tapped point).
+    fn report(
+        &mut self,
+        d: &mut dyn Drafter,
+        c: usize,
+        pass: &PassBuffers,
+        taps: Option<&HiddenTaps>,
+    ) {
+        self.tokens.clear();
+        self.tokens
+            .extend(pass.accepted.iter().map(|&r| pass.draft.tokens()[r]));
+        let points = taps.map_or(0, |t| t.hidden.len());
+        self.hidden.resize_with(points, Vec::new);
+        if let Some(t) = taps {
+            for (dst, h) in self.hidden.iter_mut().zip(&t.hidden) {
                 let w = h.len() / pass.draft.len().max(1);
-                pass.accepted
-                    .iter()
-                    .flat_map(|&r| h[r * w..(r + 1) * w].iter().copied())
-                    .collect()
-            })
-            .collect()
-    });
-    let hidden: Vec<&[f32]> = gathered.iter().map(Vec::as_slice).collect();
-    d.committed(c, &tokens, &hidden);
+                dst.clear();
+                for &r in &pass.accepted {
+                    dst.extend_from_slice(&h[r * w..(r + 1) * w]);
+                }
+            }
+        }
+        // One small vector of slices per pass when points are tapped (none without).
+        let hidden: Vec<&[f32]> = self.hidden.iter().map(Vec::as_slice).collect();
+        d.committed(c, &self.tokens, &hidden);
+    }
 }
 
 impl Engine {
@@ -427,6 +441,7 @@ impl Engine {
                 .clone(),
             curve: Vec::with_capacity(MAX_DRAFT_BUDGET + 1),
         };
+        let mut committed = Committed::default();
         // CPU passes run on the thread count that measures fastest for their rows, with the
         // measurements of earlier requests (an accelerator's passes, and the host loops
         // around them, keep every thread).
@@ -474,7 +489,7 @@ impl Engine {
                 if proposed {
                     d.observe(pass.accepted.len() - 1, pass.draft.num_drafts());
                 }
-                report_committed(d, c, &pass, taps.as_ref());
+                committed.report(d, c, &pass, taps.as_ref());
             }
             // Stream the accepted drafts, then the bonus; the k-th sits at position c + k.
             let drafts = pass.accepted[1..].iter().map(|&r| pass.draft.tokens()[r]);
