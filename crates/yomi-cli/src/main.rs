@@ -40,8 +40,9 @@ struct Cli {
 enum Command {
     /// Answer one prompt, streaming the text, then print speed and memory stats.
     Run(cmd_run::RunArgs),
-    /// Write the [T, V] float32 logits of one forward pass to a safetensors file (a tracing
-    /// tool to compare against any reference).
+    /// Write the [T, V] float32 logits of one forward pass (a prompt, or a draft tree hung off
+    /// it) to a safetensors file, and with --hidden-out its residual stream at every layer (a
+    /// tracing tool to compare against any reference).
     Logits(cmd_logits::LogitsArgs),
     /// Perplexity of a text file in fixed windows (llama-perplexity style), to compare
     /// quantization formats on quality.
