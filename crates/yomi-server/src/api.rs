@@ -51,7 +51,7 @@ pub struct ParsedRequest {
     pub include_usage: bool,
 }
 
-fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+pub(crate) fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     let v: Value = serde_json::from_slice(body).map_err(|e| {
         ApiError::bad_request(format!("the request body is not valid JSON: {e}"))
             .with_code("invalid_json")
@@ -65,7 +65,7 @@ fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     }
 }
 
-fn kind_name(v: &Value) -> &'static str {
+pub(crate) fn kind_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -77,11 +77,11 @@ fn kind_name(v: &Value) -> &'static str {
 }
 
 /// A field, `None` when missing or null.
-fn field<'a>(m: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+pub(crate) fn field<'a>(m: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     m.get(key).filter(|v| !v.is_null())
 }
 
-fn opt_f32(m: &Map<String, Value>, key: &str) -> Result<Option<f32>, ApiError> {
+pub(crate) fn opt_f32(m: &Map<String, Value>, key: &str) -> Result<Option<f32>, ApiError> {
     match field(m, key) {
         None => Ok(None),
         Some(Value::Number(n)) => n
@@ -98,7 +98,7 @@ fn opt_f32(m: &Map<String, Value>, key: &str) -> Result<Option<f32>, ApiError> {
 
 /// An integer field; i128 holds every JSON integer serde_json parses (i64 and u64), so a
 /// value above i64::MAX is not wrapped to a negative one.
-fn opt_int(m: &Map<String, Value>, key: &str) -> Result<Option<i128>, ApiError> {
+pub(crate) fn opt_int(m: &Map<String, Value>, key: &str) -> Result<Option<i128>, ApiError> {
     match field(m, key) {
         None => Ok(None),
         Some(Value::Number(n)) => {
@@ -120,7 +120,7 @@ fn opt_int(m: &Map<String, Value>, key: &str) -> Result<Option<i128>, ApiError> 
     }
 }
 
-fn opt_bool(m: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
+pub(crate) fn opt_bool(m: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
     match field(m, key) {
         None => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
@@ -131,7 +131,7 @@ fn opt_bool(m: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError>
     }
 }
 
-fn opt_str(m: &Map<String, Value>, key: &str) -> Result<Option<String>, ApiError> {
+pub(crate) fn opt_str(m: &Map<String, Value>, key: &str) -> Result<Option<String>, ApiError> {
     match field(m, key) {
         None => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
@@ -515,6 +515,8 @@ pub struct Outcome {
     pub stats: GenerationStats,
     /// A drafter proposed tokens (then `spec_verify_ct` is reported).
     pub drafting: bool,
+    /// The stop string that ended the output, if one did (Anthropic's `stop_sequence`).
+    pub stop_sequence: Option<String>,
 }
 
 /// `usage`: OpenAI's three counts, `prompt_tokens_details.cached_tokens`, yomi's
@@ -831,6 +833,7 @@ mod tests {
                 ..Default::default()
             },
             drafting: true,
+            stop_sequence: None,
         };
         let u = usage(&o);
         assert_eq!(u["total_tokens"], 15);

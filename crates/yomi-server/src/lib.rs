@@ -1,6 +1,7 @@
 //! yomi's OpenAI-compatible HTTP server (DESIGN §8): `POST /v1/chat/completions` and
 //! `POST /v1/completions` (streamed as server-sent events or not), `GET /v1/models`,
-//! `GET /health`.
+//! `GET /health`, and Anthropic's `POST /v1/messages` ([`anthropic`]: the same engine path,
+//! Anthropic's shapes and errors).
 //!
 //! One engine, batch one: handlers take a place in the bounded queue (503 when full),
 //! template and tokenize the request (a prompt too many bytes long for the context is refused
@@ -22,10 +23,12 @@
 //! `response_format` other than text, `echo`, `suffix`) get 400 rather than being ignored;
 //! `stop` takes at most 4 strings of at most 256 bytes each.
 
+pub mod anthropic;
 pub mod api;
 pub mod client;
 pub mod error;
 pub mod reasoning;
+pub mod tools;
 mod worker;
 
 use std::convert::Infallible;
@@ -338,14 +341,19 @@ async fn auth(State(app): State<AppState>, req: Request, next: Next) -> Response
     if let Some(key) = &app.shared.cfg.api_key
         && req.uri().path() != "/health"
     {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(bearer_token);
-        if !given.is_some_and(|g| same_key(g.as_bytes(), key.as_bytes())) {
-            let msg = if given.is_none() {
-                "missing API key: send `Authorization: Bearer <key>`"
+        let header_str = |name| req.headers().get(name).and_then(|v| v.to_str().ok());
+        // Anthropic's clients send the key as `x-api-key` instead.
+        let given = [
+            header_str(header::AUTHORIZATION.as_str()).and_then(bearer_token),
+            header_str("x-api-key").map(str::trim),
+        ];
+        let given = given.iter().flatten();
+        if !given
+            .clone()
+            .any(|g| same_key(g.as_bytes(), key.as_bytes()))
+        {
+            let msg = if given.count() == 0 {
+                "missing API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`)"
             } else {
                 "incorrect API key"
             };
@@ -802,16 +810,51 @@ async fn complete(app: AppState, p: ParsedRequest, stats: StatsRecorder) -> Resp
     }
 }
 
+/// A request handed to the engine thread.
+struct Submitted {
+    events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    cut: tokio::sync::watch::Receiver<bool>,
+    /// The request's number, for its response id.
+    n: u64,
+    prompt_tokens: usize,
+}
+
 async fn start(
     app: AppState,
     p: ParsedRequest,
     stats: StatsRecorder,
 ) -> Result<Response, ApiError> {
+    let s = submit(&app, &p, stats).await?;
+    let prefix = match p.kind {
+        ApiKind::Chat => "chatcmpl",
+        ApiKind::Completion => "cmpl",
+    };
+    let meta = ResponseMeta {
+        id: format!("{prefix}-{:016x}{:08x}", app.id_salt, s.n),
+        created: unix_now(),
+        model: app.shared.cfg.model_name.clone(),
+        kind: p.kind,
+        include_usage: p.stream && p.include_usage,
+    };
+    if p.stream {
+        Ok(stream_response(meta, s.events, s.cut))
+    } else {
+        collect_response(meta, s.events, s.cut).await
+    }
+}
+
+/// Checks the model, takes a place in the queue, templates and tokenizes the request and
+/// hands it to the engine thread (what every route shares).
+async fn submit(
+    app: &AppState,
+    p: &ParsedRequest,
+    stats: StatsRecorder,
+) -> Result<Submitted, ApiError> {
     if let Some(m) = &p.model
         && !m.is_empty()
         && *m != app.shared.cfg.model_name
     {
-        return Err(unknown_model(&app, m));
+        return Err(unknown_model(app, m));
     }
     // Admission first: the running request plus `queue_size` waiting ones, counting those
     // still being templated and tokenized. That work costs memory and CPU in proportion to
@@ -845,6 +888,7 @@ async fn start(
     let prepared = tokio::task::spawn_blocking(move || prepare(&engine, &shared.cfg, bound, &p2))
         .await
         .map_err(|e| ApiError::internal(format!("request preparation failed: {e}")))??;
+    let prompt_tokens = prepared.prompt_ids.len();
     let (tx, rx) = unbounded_channel();
     let job = Job {
         prompt_ids: prepared.prompt_ids,
@@ -859,24 +903,12 @@ async fn start(
         return Err(ApiError::internal("the engine thread has stopped"));
     }
     slot.hand_over();
-    let n = app.next_id.fetch_add(1, Ordering::Relaxed);
-    let prefix = match p.kind {
-        ApiKind::Chat => "chatcmpl",
-        ApiKind::Completion => "cmpl",
-    };
-    let meta = ResponseMeta {
-        id: format!("{prefix}-{:016x}{n:08x}", app.id_salt),
-        created: unix_now(),
-        model: app.shared.cfg.model_name.clone(),
-        kind: p.kind,
-        include_usage: p.stream && p.include_usage,
-    };
-    let cut = app.shared.cutoff.subscribe();
-    if p.stream {
-        Ok(stream_response(meta, rx, cut))
-    } else {
-        collect_response(meta, rx, cut).await
-    }
+    Ok(Submitted {
+        events: rx,
+        cut: app.shared.cutoff.subscribe(),
+        n: app.next_id.fetch_add(1, Ordering::Relaxed),
+        prompt_tokens,
+    })
 }
 
 fn sse(v: &Value) -> Result<SseEvent, Infallible> {
@@ -958,9 +990,18 @@ fn stream_response(
 
 async fn collect_response(
     meta: ResponseMeta,
+    rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    cut: tokio::sync::watch::Receiver<bool>,
+) -> Result<Response, ApiError> {
+    let (reasoning, content, o) = collect(rx, cut).await?;
+    Ok(axum::Json(meta.full(&reasoning, &content, &o)).into_response())
+}
+
+/// A request's whole output: reasoning, content and how it ended.
+async fn collect(
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
     mut cut: tokio::sync::watch::Receiver<bool>,
-) -> Result<Response, ApiError> {
+) -> Result<(String, String, Box<Outcome>), ApiError> {
     let mut reasoning = String::new();
     let mut content = String::new();
     let mut outcome: Option<Box<Outcome>> = None;
@@ -980,7 +1021,7 @@ async fn collect_response(
         }
     }
     let o = outcome.ok_or_else(|| ApiError::internal("the engine dropped the request"))?;
-    Ok(axum::Json(meta.full(&reasoning, &content, &o)).into_response())
+    Ok((reasoning, content, o))
 }
 
 /// A bound listener, ready to serve.
@@ -1079,6 +1120,7 @@ fn build_app(engine: Engine, cfg: ServerConfig) -> (Router, Arc<Shared>) {
         .route("/v1/models/{id}", get(model))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/messages", post(anthropic::messages))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(Arc::clone(&app), read_body))
@@ -1092,6 +1134,7 @@ fn build_app(engine: Engine, cfg: ServerConfig) -> (Router, Arc<Shared>) {
             browser_guard,
         ))
         .layer(middleware::from_fn(size_guard))
+        .layer(middleware::from_fn(anthropic::error_shape))
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(app);
     (router, shared)

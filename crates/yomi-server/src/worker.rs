@@ -141,6 +141,8 @@ impl Worker {
                 let _ = events.send(Event::Text(rest));
             }
         }
+        let stop_sequence =
+            crate::anthropic::matched_stop(&self.engine, &job.prompt_ids, &g, &job.params.stop);
         Ok(Outcome {
             prompt_tokens: g.prompt_ids.len(),
             completion_tokens: g.output_ids.len(),
@@ -148,6 +150,7 @@ impl Worker {
             finish: g.finish_reason,
             stats: g.stats,
             drafting,
+            stop_sequence,
         })
     }
 }
