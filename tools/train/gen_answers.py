@@ -19,7 +19,8 @@ under the 16 MiB a file may have coming back from the GPU machine):
 A shard already on disk is skipped, so a run cut off by the 10-minute limit resumes with the
 same command; --time-budget stops starting new shards after that many seconds.
 
-    python3 tools/train/gen_answers.py --split train --out answers --batch 512 --time-budget 500
+    python3 tools/train/gen_answers.py --split train --batch 1024 --time-budget 500
+(default --out: .device/train/answers, ignored by git)
 """
 
 from __future__ import annotations
@@ -106,11 +107,12 @@ def main():
     ap.add_argument("--gguf", default=None)
     ap.add_argument("--data", default=os.path.join(here, "data"))
     ap.add_argument("--split", default="train")
-    ap.add_argument("--out", default="answers")
+    ap.add_argument("--out", default=os.path.join(here, "..", "..", ".device", "train",
+                                                  "answers"))
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts (smoke)")
-    ap.add_argument("--shard-size", type=int, default=2500)
+    ap.add_argument("--shard-size", type=int, default=4000)
     ap.add_argument("--shards", default="", help="comma-separated shard numbers (default: all)")
-    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--temperatures", default="0.7,0.8,0.9")
     ap.add_argument("--seed", type=int, default=1)

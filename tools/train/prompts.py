@@ -350,6 +350,9 @@ def candidates(rng):
         if e[2] is None:
             kw["h"] = "thing"
         for kind in ("question", "explain", "instruct", "chat", "code", "math"):
+            # One template each for code and maths: use it for a fifth of the nouns only.
+            if kind in ("code", "math") and rng.random() > 0.2:
+                continue
             ts = [t for t in noun_t[kind] if ("{h}" not in t or e[2])]
             if not ts:
                 continue

@@ -20,8 +20,8 @@ next call with the same --ckpt resumes exactly (data order and anchors come from
 number and --seed). Every call ends by exporting the drafter in z-lab's format to --export
 (config.json + model.safetensors, bf16, ~13 MiB for the default shape).
 
-    python3 tools/train/train_dflash.py --answers 'answers/train-*.npz' --ckpt ckpt \
-        --export drafter --epochs 6 --time-budget 510
+    python3 tools/train/train_dflash.py --answers '.device/train/answers/train-*.npz' \
+        --ckpt .device/train/ckpt --export .device/train/drafter --epochs 6 --time-budget 510
 """
 
 from __future__ import annotations
@@ -267,11 +267,13 @@ def evaluate(drafter, target, data, args, device, autocast, max_seqs=256):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--answers", required=True, help="glob of gen_answers.py shards")
+    dev = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".device", "train")
+    ap.add_argument("--answers", default=os.path.join(dev, "answers", "train-*.npz"),
+                    help="glob of gen_answers.py shards")
     ap.add_argument("--eval-answers", default="", help="glob of held-out shards (tune split)")
     ap.add_argument("--gguf", default=None)
-    ap.add_argument("--ckpt", default="ckpt")
-    ap.add_argument("--export", default="drafter")
+    ap.add_argument("--ckpt", default=os.path.join(dev, "ckpt"))
+    ap.add_argument("--export", default=os.path.join(dev, "drafter"))
     ap.add_argument("--layers", type=int, default=2, help="draft layers")
     ap.add_argument("--intermediate", type=int, default=1024)
     ap.add_argument("--taps", default="", help="target layer ids (default: 5 spread over 30)")
