@@ -16,8 +16,8 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use yomi_cpu::linear::{Matrix, WeightData};
-use yomi_cpu::quant::{Isa, Kernel, Precision, QuantData, QuantType, linear_quant_with};
+use yomi_cpu::quant::{Isa, Kernel, Precision, linear_quant_with};
+use yomi_weights::{Matrix, QuantData, QuantType, WeightData};
 
 #[path = "../examples/common/lcg.rs"]
 mod common;

@@ -16,7 +16,8 @@
 
 use std::time::Instant;
 use yomi_cpu::pool;
-use yomi_cpu::quant::{Kernel, PackedQuant, QuantData, QuantType, linear_packed_many_with};
+use yomi_cpu::quant::{Kernel, PackedQuant, linear_packed_many_with};
+use yomi_weights::{QuantData, QuantType};
 
 #[path = "common/lcg.rs"]
 mod common;

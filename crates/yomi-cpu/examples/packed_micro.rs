@@ -1,7 +1,8 @@
 //! ns per (16-row group block, activation row) of `Kernel::packed_group`, one group, L1-hot.
 use std::hint::black_box;
 use std::time::Instant;
-use yomi_cpu::quant::{Isa, Kernel, PackedQuant, PairQ8x2, QuantData, QuantType, quantize_rows};
+use yomi_cpu::quant::{Isa, Kernel, PackedQuant, PairQ8x2, quantize_rows};
+use yomi_weights::{QuantData, QuantType};
 
 #[path = "common/options.rs"]
 mod options;

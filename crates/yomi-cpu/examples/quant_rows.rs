@@ -26,9 +26,8 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use yomi_cpu::quant::{
-    Kernel, PackedQuant, Precision, QuantData, QuantType, linear_packed_with, linear_quant_with,
-};
+use yomi_cpu::quant::{Kernel, PackedQuant, Precision, linear_packed_with, linear_quant_with};
+use yomi_weights::{QuantData, QuantType};
 
 #[path = "common/lcg.rs"]
 mod common;

@@ -19,5 +19,4 @@ pub mod rope;
 pub mod simd;
 pub mod steal;
 
-pub use linear::{Matrix, WeightData};
 pub use options::{AlreadyConfigured, CpuOptions, configure, options};

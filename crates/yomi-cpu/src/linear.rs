@@ -5,141 +5,20 @@
 //! converted to f32 (when stored as bf16/f16) into a per-thread buffer and dotted with every
 //! input row while it sits in L1. Output rows are split across the rayon pool.
 //!
-//! GGML block-quantized weights ([`WeightData::Quant`]) take the integer path of
-//! [`crate::quant`]: the T input rows are quantized once per call (at the process-wide
-//! [`crate::quant::Precision`]: by default int8×2, ~16-bit activations held as two int8 planes;
-//! int8 for one plane with [`crate::CpuOptions::quant_act`]) and each weight row is dotted with
-//! all of them in integer arithmetic.
+//! GGML block-quantized weights ([`WeightData::Quant`], or packed by [`quant::Pack`]) take the
+//! integer path of [`crate::quant`]: the T input rows are quantized once per call (at the
+//! process-wide [`crate::quant::Precision`]: by default int8×2, ~16-bit activations held as two
+//! int8 planes; int8 for one plane with [`crate::CpuOptions::quant_act`]) and each weight row is
+//! dotted with all of them in integer arithmetic. A repacked layout of another backend
+//! ([`WeightData::Repacked`] that is no [`PackedQuant`]) takes the f32 path, one dequantized row
+//! at a time.
 
 use std::cell::RefCell;
 
-use crate::quant::{self, PackedQuant, QuantData, QuantShapeError, QuantType};
+use yomi_weights::{Matrix, WeightData};
+
+use crate::quant::{self, PackedQuant, packed::packed_of};
 use crate::simd;
-
-/// How a weight matrix is stored in memory.
-#[derive(Clone, Debug)]
-pub enum WeightData {
-    F32(Vec<f32>),
-    /// bf16 bit patterns.
-    Bf16(Vec<u16>),
-    /// f16 bit patterns.
-    F16(Vec<u16>),
-    /// GGML blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K), row after row.
-    Quant(QuantData),
-    /// Q8_0/Q4_0/Q4_1 blocks regrouped for the CPU kernels, 16 rows interleaved
-    /// ([`crate::quant::packed`]); [`Matrix::pack`] makes it, [`Matrix::unpack`] undoes it.
-    Packed(PackedQuant),
-}
-
-impl WeightData {
-    pub fn size_bytes(&self) -> usize {
-        match self {
-            WeightData::F32(v) => v.len() * 4,
-            WeightData::Bf16(v) | WeightData::F16(v) => v.len() * 2,
-            WeightData::Quant(q) => q.bytes.len(),
-            WeightData::Packed(p) => p.size_bytes(),
-        }
-    }
-}
-
-/// A [rows, cols] weight matrix (rows = output features, cols = input features).
-#[derive(Clone, Debug)]
-pub struct Matrix {
-    pub rows: usize,
-    pub cols: usize,
-    pub data: WeightData,
-}
-
-impl Matrix {
-    pub fn new(rows: usize, cols: usize, data: WeightData) -> Self {
-        let n = match &data {
-            WeightData::F32(v) => v.len(),
-            WeightData::Bf16(v) | WeightData::F16(v) => v.len(),
-            WeightData::Quant(q) => {
-                if let Err(e) = q.check_shape(rows, cols) {
-                    panic!("matrix data does not match its shape: {e}");
-                }
-                rows * cols
-            }
-            WeightData::Packed(p) => {
-                assert!(
-                    p.rows() == rows && p.cols() == cols,
-                    "matrix data does not match its shape"
-                );
-                rows * cols
-            }
-        };
-        assert_eq!(n, rows * cols, "matrix data does not match its shape");
-        Matrix { rows, cols, data }
-    }
-
-    /// A block-quantized matrix, checking that `bytes` hold exactly [rows, cols] of `ty`
-    /// (the non-panicking constructor for data read from files).
-    pub fn quantized(
-        rows: usize,
-        cols: usize,
-        ty: QuantType,
-        bytes: Vec<u8>,
-    ) -> Result<Self, QuantShapeError> {
-        let q = QuantData { ty, bytes };
-        q.check_shape(rows, cols)?;
-        Ok(Matrix {
-            rows,
-            cols,
-            data: WeightData::Quant(q),
-        })
-    }
-
-    /// Row `r` as f32 into `buf` (len = cols). Quantized rows are dequantized (one row only,
-    /// so an embedding table stored as blocks is read one token at a time).
-    #[inline]
-    pub fn row_f32<'a>(&'a self, r: usize, buf: &'a mut [f32]) -> &'a [f32] {
-        let c = self.cols;
-        match &self.data {
-            WeightData::F32(v) => &v[r * c..(r + 1) * c],
-            WeightData::Bf16(v) => {
-                simd::bf16_to_f32(&v[r * c..(r + 1) * c], buf);
-                buf
-            }
-            WeightData::F16(v) => {
-                simd::f16_to_f32(&v[r * c..(r + 1) * c], buf);
-                buf
-            }
-            WeightData::Quant(q) => {
-                let buf = &mut buf[..c];
-                quant::dequantize_row(q.ty, q.row(c, r), buf);
-                buf
-            }
-            WeightData::Packed(p) => {
-                let buf = &mut buf[..c];
-                p.dequantize_row(r, buf);
-                buf
-            }
-        }
-    }
-
-    /// Regroups Q8_0/Q4_0/Q4_1 blocks into the packed CPU layout (see [`WeightData::Packed`]);
-    /// other data is left as it is. The same bytes, so the same memory.
-    pub fn pack(&mut self) {
-        if let WeightData::Quant(q) = &self.data
-            && let Some(p) = PackedQuant::from_ggml(q, self.rows, self.cols)
-        {
-            self.data = WeightData::Packed(p);
-        }
-    }
-
-    /// Back to GGML blocks row after row (for consumers of the file layout, e.g. an
-    /// accelerator upload).
-    pub fn unpack(&mut self) {
-        if let WeightData::Packed(p) = &self.data {
-            self.data = WeightData::Quant(p.to_ggml());
-        }
-    }
-
-    pub fn size_bytes(&self) -> usize {
-        self.data.size_bytes()
-    }
-}
 
 thread_local! {
     static ROW_BUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -156,7 +35,7 @@ pub fn linear(x: &[f32], t: usize, w: &Matrix, bias: Option<&[f32]>, out: &mut [
     assert_eq!(out.len(), t * n_out, "linear: output is not [T, out]");
     if let WeightData::Quant(q) = &w.data {
         quant::linear_quant(x, t, n_out, n_in, q, out);
-    } else if let WeightData::Packed(p) = &w.data {
+    } else if let Some(p) = packed_of(w) {
         quant::linear_packed(x, t, p, out);
     } else if t == 1 {
         crate::pool::for_each_chunk_mut(out, ROWS_PER_TASK, 1, |ci, chunk| {
@@ -213,7 +92,7 @@ pub fn linear_swiglu(
     out: &mut [f32],
 ) {
     // One row is one chunk of the shared quantizer: nothing to spread, so the plain steps.
-    let (true, WeightData::Packed(p)) = (t > 1, &w.data) else {
+    let (true, Some(p)) = (t > 1, packed_of(w)) else {
         crate::activation::swiglu(gate, up);
         linear(gate, t, w, bias, out);
         return;
@@ -237,7 +116,7 @@ fn add_bias(out: &mut [f32], n_out: usize, bias: &[f32]) {
 
 /// Several linears of one input, `outs[m] = x · ws[m]ᵀ (+ biases[m])` (e.g. q, k and v of an
 /// attention layer, gate and up of an MLP): when every matrix is packed
-/// ([`WeightData::Packed`]), the input is quantized once and all the matrices run in one
+/// ([`quant::Pack`]), the input is quantized once and all the matrices run in one
 /// parallel loop ([`quant::linear_packed_many_with`]); otherwise one [`linear`] per matrix.
 /// Either way each output is bitwise what [`linear`] gives for its matrix alone.
 pub fn linear_many(
@@ -310,23 +189,17 @@ fn check_many(
 /// The matrices as packed data when every one is packed, of one width and at most
 /// [`quant::MAX_MANY`] (the slots past `ws.len()` repeat the first).
 fn packed_set<'a>(ws: &[&'a Matrix]) -> Option<[&'a PackedQuant; quant::MAX_MANY]> {
-    fn as_packed(w: &Matrix) -> Option<&PackedQuant> {
-        match &w.data {
-            WeightData::Packed(p) => Some(p),
-            _ => None,
-        }
-    }
     let fused = !ws.is_empty()
         && ws.len() <= quant::MAX_MANY
         && ws
             .iter()
-            .all(|w| as_packed(w).is_some() && w.cols == ws[0].cols);
+            .all(|w| packed_of(w).is_some() && w.cols == ws[0].cols);
     if !fused {
         return None;
     }
-    let first = as_packed(ws[0])?;
+    let first = packed_of(ws[0])?;
     Some(std::array::from_fn(|m| {
-        ws.get(m).and_then(|w| as_packed(w)).unwrap_or(first)
+        ws.get(m).and_then(|w| packed_of(w)).unwrap_or(first)
     }))
 }
 
@@ -360,7 +233,9 @@ pub fn linear_reference(x: &[f32], t: usize, w: &Matrix, bias: Option<&[f32]>, o
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::Pack;
     use proptest::prelude::*;
+    use yomi_weights::quant::{QuantData, QuantType, quantize_row};
 
     fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed
@@ -422,12 +297,12 @@ mod tests {
         let mut bytes = Vec::new();
         for r in wf.chunks(cols) {
             let mut row = Vec::new();
-            quant::quantize_row(ty, r, &mut row);
+            quantize_row(ty, r, &mut row);
             bytes.extend_from_slice(&row);
         }
         let mut m = Matrix::new(rows, cols, WeightData::Quant(QuantData { ty, bytes }));
         m.pack();
-        assert!(matches!(m.data, WeightData::Packed(_)), "{ty:?} packs");
+        assert!(packed_of(&m).is_some(), "{ty:?} packs");
         m
     }
 

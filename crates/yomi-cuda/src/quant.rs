@@ -562,7 +562,7 @@ impl CudaDevice {
 
     /// Embedding gather from a quantized table: `out[i, :] = dequant(W[row_ids[i], :])` for
     /// [rows, cols] `w`, out [n, cols] with n = row_ids.len(). Values are bit-identical to GGML's
-    /// (yomi-cpu's) `dequantize_row`. Ids are read on the device only: an id outside
+    /// (yomi-weights') `dequantize_row`. Ids are read on the device only: an id outside
     /// [0, rows) gives a row of NaN instead of an out-of-bounds read.
     pub fn dequantize_rows(
         &self,
@@ -619,7 +619,7 @@ impl CudaDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use yomi_cpu::quant::{QuantData, QuantType, dequantize_row};
+    use yomi_weights::quant::{QuantData, QuantType, dequantize_row};
 
     fn cpu_type(f: QuantFormat) -> QuantType {
         match f {
@@ -651,7 +651,7 @@ mod tests {
     }
 
     #[test]
-    fn constants_match_yomi_cpu() {
+    fn constants_match_yomi_weights() {
         for f in QuantFormat::ALL {
             let c = cpu_type(f);
             assert_eq!(f.ggml_type(), c.ggml_id());
@@ -823,7 +823,7 @@ mod tests {
         y
     }
 
-    /// The kernel's decode of the repacked layout, modelled on the host, equals yomi-cpu's
+    /// The kernel's decode of the repacked layout, modelled on the host, equals yomi-weights'
     /// dequantize_row bit for bit, on quantizer output and on random bytes with finite scales.
     #[test]
     fn host_model_of_the_kernel_decode_matches_dequantize_row() {

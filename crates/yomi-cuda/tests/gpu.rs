@@ -29,7 +29,8 @@ use cudarc::driver::CudaSlice;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use yomi_core::TreeBatch;
 use yomi_cpu::gdn::{self as cgdn, GdnRows};
-use yomi_cpu::linear::{Matrix, WeightData, linear as cpu_linear};
+use yomi_cpu::linear::linear as cpu_linear;
+use yomi_weights::{Matrix, WeightData};
 use yomi_cuda::{
     CudaDevice, DeviceMatrix, GdnDeviceRows, GdnShape, GemvKernel, WeightDtype, gemv_variant,
     linear_kernel,
@@ -143,7 +144,8 @@ fn swiglu_matches_cpu() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn rope_matches_cpu() {
-    use yomi_cpu::rope::{Rope, RopeScaling};
+    use yomi_cpu::rope::RopeApply;
+    use yomi_weights::{Rope, RopeScaling};
     let d = dev();
     let mut r = Rng::new(3);
     // (heads, head_dim, rotary dims, theta): Qwen3.5 full attention (partial 0.25) and Llama-3.

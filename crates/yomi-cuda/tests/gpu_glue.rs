@@ -366,7 +366,7 @@ fn bf16_tile_packing_matches_the_host_layout() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn linear_batch_invariance() {
-    use yomi_cpu::quant::{QuantType, quantize_row};
+    use yomi_weights::quant::{QuantType, quantize_row};
     use yomi_cuda::QuantFormat;
     let d = dev();
     let (rows, cols) = (4096usize, 4096usize);

@@ -767,14 +767,14 @@ fn cuda_model(dir: &Path, bf16: bool) -> (CudaModel, usize) {
     let mut model = yomi_models::loader::load_hf_dir(dir, &mut |_, _| {}).expect("load the model");
     if bf16 {
         for m in model.matrices_mut() {
-            let yomi_cpu::WeightData::F32(v) = &m.data else {
+            let yomi_weights::WeightData::F32(v) = &m.data else {
                 panic!("the fixture's matrices are f32");
             };
             let bits = v
                 .iter()
                 .map(|&x| half::bf16::from_f32(x).to_bits())
                 .collect();
-            *m = yomi_cpu::Matrix::new(m.rows, m.cols, yomi_cpu::WeightData::Bf16(bits));
+            *m = yomi_weights::Matrix::new(m.rows, m.cols, yomi_weights::WeightData::Bf16(bits));
         }
     }
     let dev = Arc::new(CudaDevice::open_with(0, cuda_options_from_env()).expect("open GPU 0"));

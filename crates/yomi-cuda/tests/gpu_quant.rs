@@ -8,7 +8,7 @@
 //! Without a device every test fails (they test nothing there). Lines starting with `RESULT` are the
 //! numbers to keep.
 //!
-//! Weights are random values quantized by yomi-cpu's quantizer (`quantize_row`), at real
+//! Weights are random values quantized by yomi-weights' quantizer (`quantize_row`), at real
 //! shapes: SmolLM2-135M's 576×1536 / 1536×576 and its 49152×576 vocabulary, 4096², FFN
 //! 12288×4096 and 4096×12288 (the K-quants need whole 256-blocks, so they skip the shapes with
 //! 576 columns, where from_ggml_blocks must refuse them), plus a ragged 1001×512 with a bias.
@@ -25,11 +25,11 @@ use common::{Rng, dev, time_ms};
 
 use cudarc::driver::CudaSlice;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use yomi_cpu::quant::{QuantType, dequantize_row, quantize_row};
+use yomi_weights::quant::{QuantType, dequantize_row, quantize_row};
 use yomi_cuda::{DeviceMatrix, QuantFormat, WeightDtype, gemv_variant};
 
 fn cpu_type(f: QuantFormat) -> QuantType {
-    QuantType::from_ggml_id(f.ggml_type()).expect("yomi-cpu knows every QuantFormat")
+    QuantType::from_ggml_id(f.ggml_type()).expect("yomi-weights knows every QuantFormat")
 }
 
 fn threads() -> usize {

@@ -4,7 +4,7 @@
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::Value;
 use std::path::Path;
-use yomi_cpu::rope::{Llama3Scaling, RopeScaling};
+use yomi_weights::rope::{Llama3Scaling, RopeScaling};
 
 /// The architectures yomi runs, as Hugging Face names them.
 pub const SUPPORTED_ARCHITECTURES: &[&str] = &[

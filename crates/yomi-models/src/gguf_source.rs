@@ -20,9 +20,7 @@
 
 use anyhow::{Context, Result, anyhow, bail};
 use std::collections::HashMap;
-use yomi_cpu::quant::QuantType;
-use yomi_cpu::rope::RopeScaling;
-use yomi_cpu::{Matrix, WeightData};
+use yomi_weights::{Matrix, QuantType, RopeScaling, WeightData};
 
 use crate::config::{Arch, GdnConfig, LayerKind, ModelConfig};
 use crate::gguf::{GgufArray, GgufFile, GgufValue, TensorInfo, TensorType};
@@ -309,10 +307,10 @@ fn undo_gdn_cols(m: Matrix, h: &GdnHeads, g: &str) -> Result<Matrix> {
                 WeightData::F32(permute(&dequantize(&whole), dv, &heads))
             }
         },
-        // Sources hand out GGML blocks; packing happens after loading.
-        WeightData::Packed(_) => {
+        // Sources hand out GGML blocks; a backend repacks them after loading.
+        WeightData::Repacked(_) => {
             return Err(anyhow!(
-                "GGUF tensor `{g}`: already in the packed CPU layout (internal error)"
+                "GGUF tensor `{g}`: already in a backend's repacked layout (internal error)"
             ));
         }
     };
@@ -772,7 +770,7 @@ mod tests {
     /// stay) and Q4_K (256-blocks straddle heads of 128 → f32 fallback) all land in HF order.
     #[test]
     fn ssm_out_columns_are_restored_in_every_format() {
-        use yomi_cpu::quant::QuantData;
+        use yomi_weights::QuantData;
         let (hk, hv, rows) = (2, 4, 3);
         for (dv, ty) in [
             (32, None),

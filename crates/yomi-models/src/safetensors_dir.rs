@@ -8,7 +8,7 @@ use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use yomi_cpu::{Matrix, WeightData};
+use yomi_weights::{Matrix, WeightData};
 
 use crate::source::WeightSource;
 

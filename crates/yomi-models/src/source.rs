@@ -3,7 +3,7 @@
 //! trait, doing its own renaming and value transforms, and names the tensor in every error.
 
 use anyhow::Result;
-use yomi_cpu::Matrix;
+use yomi_weights::Matrix;
 
 pub trait WeightSource {
     /// True when the source has a tensor of this (HF) name.

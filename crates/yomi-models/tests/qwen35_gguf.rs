@@ -5,7 +5,7 @@
 mod common;
 use common::*;
 use yomi_core::TreeBatch;
-use yomi_cpu::{Matrix, WeightData};
+use yomi_weights::{Matrix, WeightData};
 use yomi_models::gguf::GgufFile;
 use yomi_models::gguf_source::{GgufSource, config_from_gguf};
 use yomi_models::model::Mixer;
@@ -32,7 +32,7 @@ fn kind(d: &WeightData) -> &'static str {
         WeightData::F16(_) => "f16",
         WeightData::Bf16(_) => "bf16",
         WeightData::Quant(_) => "quantized",
-        WeightData::Packed(_) => "packed",
+        WeightData::Repacked(_) => "repacked",
     }
 }
 

@@ -5,8 +5,7 @@
 mod common;
 
 use anyhow::Result;
-use yomi_cpu::Matrix;
-use yomi_cpu::rope::Rope;
+use yomi_weights::{Matrix, Rope};
 use yomi_models::gguf::GgufFile;
 use yomi_models::gguf_source::{GgufSource, config_from_gguf};
 use yomi_models::loader::{load_hf_dir, load_hf_dir_into};

@@ -33,9 +33,14 @@
 //! **bitwise identical across T, across the rows sharing a call and across instruction sets**
 //! (the tests check all three).
 
+use std::any::Any;
+use std::sync::Arc;
+
+use yomi_weights::quant::formats::{dequantize_row, f16_at};
+use yomi_weights::quant::{QuantData, QuantType};
+use yomi_weights::{Matrix, RepackedLayout, WeightData};
+
 use super::act::{Act32, X2_RATIO};
-use super::formats::{dequantize_row, f16_at};
-use super::{QuantData, QuantType};
 
 /// Weight rows per packed group (the i32 lanes of a 512-bit register).
 pub const GROUP: usize = 16;
@@ -212,6 +217,69 @@ impl PackedQuant {
         assert!(r >= self.groups() * GROUP && r < self.rows, "tail_row {r}");
         let rb = self.row_bytes();
         &self.bytes[r * rb..(r + 1) * rb]
+    }
+}
+
+impl RepackedLayout for PackedQuant {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+
+    fn cols(&self) -> usize {
+        self.cols
+    }
+
+    fn size_bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
+    fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        PackedQuant::dequantize_row(self, r, out);
+    }
+
+    fn to_blocks(&self) -> QuantData {
+        self.to_ggml()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// The packed layout of a [`Matrix`] for the CPU kernels ([`WeightData::Repacked`] holding a
+/// [`PackedQuant`]), as methods of the matrix.
+pub trait Pack {
+    /// Regroups Q8_0/Q4_0/Q4_1 blocks into the packed layout; other data is left as it is. The
+    /// same bytes, so the same memory.
+    fn pack(&mut self);
+    /// Back to GGML blocks row after row (for consumers of the file layout, e.g. an
+    /// accelerator upload); any backend's repacked layout is undone, other data left as it is.
+    fn unpack(&mut self);
+}
+
+impl Pack for Matrix {
+    fn pack(&mut self) {
+        if let WeightData::Quant(q) = &self.data
+            && let Some(p) = PackedQuant::from_ggml(q, self.rows, self.cols)
+        {
+            self.data = WeightData::Repacked(Arc::new(p));
+        }
+    }
+
+    fn unpack(&mut self) {
+        if let WeightData::Repacked(p) = &self.data {
+            self.data = WeightData::Quant(p.to_blocks());
+        }
+    }
+}
+
+/// The packed layout inside `m`, if it holds one (a downcast of [`WeightData::Repacked`]; a
+/// layout of another backend is `None`).
+#[inline]
+pub fn packed_of(m: &Matrix) -> Option<&PackedQuant> {
+    match &m.data {
+        WeightData::Repacked(p) => p.as_any().downcast_ref::<PackedQuant>(),
+        _ => None,
     }
 }
 

@@ -25,7 +25,7 @@
 //! 32-blocks (|256·S(q) + S(r)| ≤ 257·32·128·127 ≈ 1.3·10⁸) and in i64 for the K-quants.
 
 use super::act::{Act32, Act256, X2_RATIO};
-use super::formats::{f16_at, k_scales};
+use yomi_weights::quant::formats::{f16_at, k_scales};
 
 /// `K·f(qs) + f(qr)` over the planes of a 32-block pair (`K = 256` with a residual plane, else
 /// just `f(qs)`). Fits i32 (see the module header).

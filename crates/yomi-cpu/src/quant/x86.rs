@@ -41,10 +41,11 @@
 //! Q4_K/Q5_K measured slower); their mins use `madd(bsums, mn << 8) + madd(rsums, mn)`
 //! (256·mn ≤ 16128 fits i16).
 //!
-//! Bit layouts unpacked here (see [`super::formats`]): nibble j of a 32-block is `qs[j] & 15`
-//! for j < 16 and `qs[j−16] >> 4` for j ≥ 16; a K-quant 32-byte chunk k holds sub-block 2k in
-//! its low nibbles and 2k+1 in its high nibbles; Q5_K's 5th bit of sub-block s is bit s of
-//! `qh[l]`; Q6_K's high bits are pairs of `qh[l]` (bits 0-1, 2-3, 4-5, 6-7 for the four groups).
+//! Bit layouts unpacked here (see [`yomi_weights::quant::formats`]): nibble j of a 32-block is
+//! `qs[j] & 15` for j < 16 and `qs[j−16] >> 4` for j ≥ 16; a K-quant 32-byte chunk k holds
+//! sub-block 2k in its low nibbles and 2k+1 in its high nibbles; Q5_K's 5th bit of sub-block s
+//! is bit s of `qh[l]`; Q6_K's high bits are pairs of `qh[l]` (bits 0-1, 2-3, 4-5, 6-7 for the
+//! four groups).
 //!
 //! Multi-row tiles (`dot_block32`, `dot_block256`, behind [`super::Kernel::dot_block`]): one
 //! weight row against a tile of N ≤ `TILE` activation rows (4 with 32 vector registers, 2 with
@@ -92,8 +93,8 @@
 use std::arch::x86_64::*;
 
 use super::act::{Act32, Act256, X2_RATIO};
-use super::formats::k_scales;
 use super::{BlockShape, QuantType};
+use yomi_weights::quant::formats::k_scales;
 
 #[target_feature(enable = "avx2")]
 #[inline]

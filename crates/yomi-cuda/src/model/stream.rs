@@ -6,10 +6,9 @@
 use std::sync::Arc;
 
 use anyhow::{Result, bail};
-use yomi_cpu::Matrix;
-use yomi_cpu::rope::Rope;
 use yomi_models::model::{Layer, WeightSink};
 use yomi_models::{Model, ModelConfig};
+use yomi_weights::{Matrix, Rope};
 
 use super::weights::{DevLayer, DevWeights, upload_embed, upload_layer};
 use super::{CudaModel, check_supported, open_device};

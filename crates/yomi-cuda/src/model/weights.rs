@@ -2,12 +2,9 @@
 
 use anyhow::{Context, Result};
 use cudarc::driver::CudaSlice;
-use yomi_cpu::Matrix;
-use yomi_cpu::linear::WeightData;
-use yomi_cpu::quant::QuantType;
-use yomi_cpu::rope::Rope;
 use yomi_models::Model;
 use yomi_models::model::{Layer, Mixer};
+use yomi_weights::{Matrix, QuantType, Rope, WeightData};
 
 use crate::device::CudaDevice;
 use crate::ops::{DeviceMatrix, GateUpMatrix, WeightDtype};
@@ -124,10 +121,10 @@ fn upload_matrix(dev: &CudaDevice, m: &Matrix) -> Result<DeviceMatrix> {
             };
             DeviceMatrix::from_ggml_blocks(dev, m.rows, m.cols, fmt, &q.bytes)?
         }
-        // `attach` unpacks first; a packed matrix reaching here is converted on the way.
-        WeightData::Packed(p) => upload_matrix(
+        // `attach` unpacks first; a repacked matrix reaching here is converted on the way.
+        WeightData::Repacked(p) => upload_matrix(
             dev,
-            &Matrix::new(m.rows, m.cols, WeightData::Quant(p.to_ggml())),
+            &Matrix::new(m.rows, m.cols, WeightData::Quant(p.to_blocks())),
         )?,
     })
 }
@@ -178,7 +175,7 @@ fn stacked(parts: &[&Matrix]) -> Option<Matrix> {
                 .concat();
             return Matrix::quantized(rows, cols, q0.ty, bytes).ok();
         }
-        WeightData::Packed(_) => return None,
+        WeightData::Repacked(_) => return None,
     };
     Some(Matrix::new(rows, cols, data))
 }

@@ -11,6 +11,7 @@ use yomi_cpu::gdn::{GdnRows, GdnShape, gdn_commit_replay, gdn_tree_forward};
 use yomi_cpu::linear::{linear, linear_many_add_norm, linear_swiglu};
 use yomi_cpu::norm::{l2_norm_inplace, rms_norm, rms_norm_gated_inplace, rms_norm_inplace};
 use yomi_cpu::quant::AddNorm;
+use yomi_cpu::rope::RopeApply;
 
 use super::weights::{AttnWeights, GdnWeights, Mixer, Model};
 use crate::KvRows;

@@ -1,8 +1,8 @@
 //! The weights of a model, validated for name and shape when they are loaded.
 
 use anyhow::{Context, Result};
-use yomi_cpu::rope::Rope;
-use yomi_cpu::{Matrix, WeightData};
+use yomi_cpu::quant::Pack;
+use yomi_weights::{Matrix, Rope, WeightData};
 
 use crate::config::{Arch, LayerKind, ModelConfig};
 use crate::source::WeightSource;
@@ -285,7 +285,7 @@ impl Model {
     /// dequantized values, multiplied in f32 instead of through int8 activations).
     pub fn dequantize_to_f32(&mut self) {
         for m in self.matrices_mut() {
-            if matches!(m.data, yomi_cpu::WeightData::F32(_)) {
+            if matches!(m.data, WeightData::F32(_)) {
                 continue;
             }
             let (rows, cols) = (m.rows, m.cols);
@@ -294,7 +294,7 @@ impl Model {
             for r in 0..rows {
                 out[r * cols..(r + 1) * cols].copy_from_slice(m.row_f32(r, &mut buf));
             }
-            *m = Matrix::new(rows, cols, yomi_cpu::WeightData::F32(out));
+            *m = Matrix::new(rows, cols, WeightData::F32(out));
         }
     }
 
