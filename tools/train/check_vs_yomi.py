@@ -9,6 +9,7 @@ logit spread, top-1 agreement over all rows, and whether our greedy continuation
 yomi's greedy answer token for token.
 
     python3 tools/train/check_vs_yomi.py [--yomi target/release/yomi] [--n 6]
+    python3 tools/train/check_vs_yomi.py --tokenizer-split eval     (token ids only, all prompts)
 """
 
 from __future__ import annotations
@@ -58,6 +59,20 @@ def yomi_logits(yomi, gguf, ids, tmp):
     return load_file(lo)["logits"], load_file(hi)
 
 
+def check_tokenizer(args):
+    from prompts import read_jsonl_gz
+
+    gguf = args.gguf or gguf_llama.default_gguf_path()
+    tok = gguf_llama.build_tokenizer(gguf_llama.read_gguf(gguf))
+    rows = read_jsonl_gz(os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
+                                      f"{args.tokenizer_split}.jsonl.gz"))
+    bad = [r["id"] for r in rows
+           if gguf_llama.encode_chat(tok, r["prompt"]) != run_yomi(
+               args.yomi, gguf, r["prompt"], 1)["prompt_ids"]]
+    print(f"token ids equal to yomi's on {len(rows) - len(bad)}/{len(rows)} prompts of "
+          f"{args.tokenizer_split}" + (f"; differ: {bad[:20]}" if bad else ""))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--yomi", default=os.path.join(os.path.dirname(__file__), "..", "..",
@@ -65,7 +80,11 @@ def main():
     ap.add_argument("--gguf", default=None)
     ap.add_argument("--n", type=int, default=len(PROMPTS))
     ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--tokenizer-split", default="",
+                    help="only compare token ids with yomi's on every prompt of this split")
     args = ap.parse_args()
+    if args.tokenizer_split:
+        return check_tokenizer(args)
     gguf = args.gguf or gguf_llama.default_gguf_path()
     torch.set_num_threads(2)
     model, hp, g = gguf_llama.load_llama(gguf)
