@@ -13,6 +13,8 @@
 #          bash tools/train/gpu.sh gen [SECONDS]           answers -> $HOME/yomi-train/answers,
 #                                                          new shards also to $OUT (keep them)
 #          bash tools/train/gpu.sh train [SECONDS] [ARGS]  checkpoint + export -> $OUT
+#          bash tools/train/gpu.sh eval [N]                tokens per pass on N eval prompts
+#                                                          (lossless checked) -> $OUT/eval.json
 # After losing the machine: copy the returned shards to .device/train/answers and the returned
 # checkpoint to .device/train/ckpt here, then `put` each folder (carry: that folder) after the
 # two GGUF parts, and call gen / train again: both resume where they stopped.
@@ -59,20 +61,17 @@ gen() {
     start=$(date +%s)
     command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
     mkdir -p "$HOME_DIR/answers"
-    local before
-    before=$(ls "$HOME_DIR/answers")
     # The tune split first (small: held-out loss / acceptance during training), then train.
+    # Each finished shard is copied to $OUT at once, so a call cut off at the limit still
+    # brings back what it finished.
+    local copy=()
+    [ -z "${OUT:-}" ] || copy=(--copy-to "$OUT")
     python3 tools/train/gen_answers.py --gguf "$g" --split tune --out "$HOME_DIR/answers" \
-        --shard-size 200 --batch 1024 --time-budget "$budget"
+        --shard-size 200 --batch 1024 --time-budget "$budget" "${copy[@]}"
     local left=$((budget - ($(date +%s) - start)))
     if [ "$left" -gt 60 ]; then
         python3 tools/train/gen_answers.py --gguf "$g" --split train --out "$HOME_DIR/answers" \
-            --shard-size 4000 --batch 1024 --time-budget "$left"
-    fi
-    if [ -n "${OUT:-}" ]; then
-        for f in $(ls "$HOME_DIR/answers"); do
-            case " $before " in *" $f "*) ;; *) cp "$HOME_DIR/answers/$f" "$OUT/" ;; esac
-        done
+            --shard-size 4000 --batch 1024 --time-budget "$left" "${copy[@]}"
     fi
     ls -la "$HOME_DIR/answers"
 }
@@ -92,10 +91,18 @@ train() {
     fi
 }
 
+evaluate() {
+    local limit=${1:-200} g
+    g=$(gguf)
+    python3 tools/train/eval_drafter.py --gguf "$g" --drafter "$HOME_DIR/drafter" --split eval \
+        --limit "$limit" --check-lossless ${OUT:+--json-out "$OUT/eval.json"}
+}
+
 case "${1:-}" in
     stage) stage ;;
     put) put "${2:-}" ;;
     gen) gen "${2:-540}" ;;
     train) shift; train "$@" ;;
-    *) sed -n '2,21p' "$0"; exit 2 ;;
+    eval) evaluate "${2:-200}" ;;
+    *) sed -n '2,20p' "$0"; exit 2 ;;
 esac
