@@ -35,8 +35,9 @@ def spec_greedy(target, drafter, prompt_ids, max_new, device):
     B, taps = cfg.block_size, cfg.target_layer_ids
     E = target.model.embed_tokens.weight
     ids = torch.tensor([prompt_ids], device=device)
-    out = target(ids, output_hidden_states=True)
-    feats = torch.cat([out.hidden_states[t + 1] for t in taps], -1)  # [1, L, Lt*d]
+    with gguf_llama.LayerTaps(target, taps) as tp:
+        out = target(ids)
+    feats = tp.features()  # [1, L, Lt*d]
     seq = list(prompt_ids) + [int(out.logits[0, -1].argmax())]
     L = len(prompt_ids)  # position of the anchor (committed, its features not yet known)
     passes, accepted = 1, []  # the prefill pass gave the first token
@@ -46,7 +47,8 @@ def spec_greedy(target, drafter, prompt_ids, max_new, device):
         h = drafter(torch.nn.functional.embedding(block, E), feats[:, :L], pos)
         drafts = torch.nn.functional.linear(h[0, 1:], target.lm_head.weight).argmax(-1).tolist()
         full = torch.tensor([seq[: L + 1] + drafts], device=device)
-        out = target(full, output_hidden_states=True)
+        with gguf_llama.LayerTaps(target, taps) as tp:
+            out = target(full)
         post = out.logits[0, L:].argmax(-1).tolist()  # target's token after each block row
         n = 0
         while n < len(drafts) and drafts[n] == post[n]:
@@ -57,7 +59,7 @@ def spec_greedy(target, drafter, prompt_ids, max_new, device):
         room = max_new - (len(seq) - len(prompt_ids))
         new = new[:room]
         seq += new
-        feats = torch.cat([out.hidden_states[t + 1] for t in taps], -1)[:, : L + 1 + n]
+        feats = tp.features()[:, : L + 1 + n]
         L += len(new)
         passes += 1
         accepted.append(len(new))

@@ -326,6 +326,44 @@ def load_llama(path: str | None = None, num_layers: int | None = None, dtype=Non
     return model, hp, g
 
 
+class LayerTaps:
+    """The residual stream after decoder layers `taps` (HF hidden_states[t + 1]), captured with
+    forward hooks. Unlike output_hidden_states this never returns the final norm's output: HF
+    puts the *normed* state in the last slot, so a tap on the last layer of a truncated model
+    would differ from the same tap in the full model.
+
+        with LayerTaps(model, [1, 8]) as taps:
+            model.model(ids)
+        feats = taps.features()      # [b, T, len(taps) * d]
+    """
+
+    def __init__(self, model, taps):
+        self.taps = list(taps)
+        self.layers = model.model.layers
+        self.out = {}
+        self.handles = []
+
+    def __enter__(self):
+        for t in sorted(set(self.taps)):
+            self.handles.append(self.layers[t].register_forward_hook(self._hook(t)))
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+    def _hook(self, t):
+        def f(_mod, _inp, out):
+            self.out[t] = out[0] if isinstance(out, tuple) else out
+        return f
+
+    def features(self):
+        import torch
+
+        return torch.cat([self.out[t] for t in self.taps], dim=-1)
+
+
 # --------------------------------------------------------------------------------------------
 # Tokenizer and chat template
 

@@ -131,10 +131,9 @@ class Target:
 
     @torch.no_grad()
     def features(self, ids, att):
-        out = self.model.model(input_ids=ids, attention_mask=att, output_hidden_states=True,
-                               use_cache=False)
-        hs = out.hidden_states
-        return torch.cat([hs[t + 1] for t in self.taps], dim=-1)
+        with gguf_llama.LayerTaps(self.model, self.taps) as taps:
+            self.model.model(input_ids=ids, attention_mask=att, use_cache=False)
+        return taps.features()
 
 
 # --------------------------------------------------------------------------------------------

@@ -87,6 +87,21 @@ def test_tokenizer_and_template():
         pass
 
 
+def test_taps_of_truncated_target_match_full():
+    """Training runs only the target's layers up to the deepest tap: its taps must equal the
+    full model's hidden_states[t + 1] (HF's last hidden state is post-norm: not usable)."""
+    gguf = gguf_path()
+    ids = torch.tensor([[1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173]])
+    short, _, _ = gguf_llama.load_llama(gguf, num_layers=3)
+    full, _, _ = gguf_llama.load_llama(gguf, num_layers=6)
+    with torch.no_grad():
+        with gguf_llama.LayerTaps(short, [0, 2]) as t:
+            short.model(ids)
+        hs = full.model(ids, output_hidden_states=True).hidden_states
+    want = torch.cat([hs[1], hs[3]], -1)
+    assert (t.features() - want).abs().max().item() < 1e-5
+
+
 def _run(args, cwd):
     r = subprocess.run([sys.executable] + args, cwd=cwd, capture_output=True, text=True,
                        env={**os.environ, "OMP_NUM_THREADS": "2"})
