@@ -111,3 +111,9 @@ def test_config_roundtrip(tmp_path):
     assert {"fc.weight", "hidden_norm.weight", "norm.weight",
             "layers.0.self_attn.q_norm.weight", "layers.1.mlp.down_proj.weight"} <= keys
     assert not any("embed" in k or "lm_head" in k for k in keys)
+    # The bf16 export (what training writes) loads with z-lab's class too, same values.
+    ref = dflash_model.DFlashDraftModel.from_pretrained(str(tmp_path))
+    assert next(ref.parameters()).dtype == torch.bfloat16
+    ours_sd = {k: v.to(torch.bfloat16) for k, v in m.state_dict().items()}
+    ref_sd = ref.state_dict()
+    assert all(torch.equal(ref_sd[k], v) for k, v in ours_sd.items())
