@@ -121,9 +121,9 @@ def test_pipeline_end_to_end(tmp_path):
             enumerate(["What is the capital of France?", "Write a haiku about rain.",
                        "What is 12 times 7?", "Explain what a compiler does."])]
     write_jsonl_gz(str(data / "train.jsonl.gz"), rows)
-    out = _run([os.path.join(HERE, "gen_answers.py"), "--gguf", gguf, "--data", str(data),
-                "--out", str(tmp_path / "ans"), "--layers", "2", "--max-new", "24",
-                "--batch", "4", "--device", "cpu"], tmp_path)
+    _run([os.path.join(HERE, "gen_answers.py"), "--gguf", gguf, "--data", str(data),
+           "--out", str(tmp_path / "ans"), "--layers", "2", "--max-new", "24",
+           "--batch", "4", "--device", "cpu"], tmp_path)
     z = np.load(tmp_path / "ans" / "train-000.npz")
     assert len(z["prompt_len"]) == 8 and set(z["temperature"][:4]) == {0.0}
     assert (z["offsets"][1:] - z["offsets"][:-1] > z["prompt_len"]).all()
