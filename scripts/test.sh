@@ -15,4 +15,11 @@ YOMI_TARGET_DIR=$(cargo metadata --format-version 1 --no-deps --locked |
   python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 python3 -c "import openai, anthropic, pytest, huggingface_hub" 2>/dev/null ||
   python3 -m pip install -q openai anthropic pytest huggingface_hub
+# The Python package (bindings/python; tests/python/test_python_package.py), built by maturin
+# into the same target directory. The dev profile shares the test profile's registry crates
+# (both opt-level 3) and its folder; `--profile test` would make maturin's `cargo rustc` build
+# a test executable. No build isolation: nothing to download once maturin is installed.
+python3 -c "import maturin" 2>/dev/null || python3 -m pip install -q "maturin>=1.9.4,<2"
+MATURIN_PEP517_ARGS="--profile dev --locked" python3 -m pip install -q --no-build-isolation \
+  --no-deps --force-reinstall ./bindings/python
 YOMI_BIN="$YOMI_TARGET_DIR/debug/yomi" python3 -m pytest -q tests/python
