@@ -98,6 +98,8 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     /// `bos_token`, `eos_token`, … → string; only tokens that are set are passed.
     special_tokens: Vec<(String, String)>,
+    /// The template's text as given.
+    source: std::sync::Arc<str>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -131,6 +133,7 @@ impl ChatTemplate {
         Ok(Self {
             env,
             special_tokens,
+            source: source.into(),
         })
     }
 
@@ -185,6 +188,11 @@ impl ChatTemplate {
         Self::with_special_tokens(&source, special)
             .with_context(|| format!("chat template of {}", dir.display()))
             .map(Some)
+    }
+
+    /// The template's text, e.g. to tell which tool-call format it teaches.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// The `bos_token` string, if the template was given one.

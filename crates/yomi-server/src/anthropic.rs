@@ -8,6 +8,14 @@
 //! and `message_stop`; `ping` is the keep-alive. Text the model writes inside think tags
 //! becomes a `thinking` block (with an empty signature: nothing here signs it).
 //!
+//! Tools: `tools` reach the template as OpenAI-style function tools, and the history's
+//! `tool_use` and `tool_result` blocks as the assistant's `tool_calls` (arguments as objects)
+//! and `tool` messages ([`PromptSpec::ChatJson`]). Calls the model writes, in the format its
+//! template teaches, are read by [`crate::tools`] and come back as `tool_use` blocks (streamed
+//! as `input_json_delta`s) with `stop_reason: "tool_use"`; a call written badly stays text.
+//! Nothing forces a call: `tool_choice` `any` and `tool` work as `auto`, except that `tool`
+//! takes only that tool's calls.
+//!
 //! Thinking is off unless the request turns it on (`thinking: {"type": "enabled"}`), as with
 //! Anthropic's models: the template is rendered with `enable_thinking` false otherwise.
 //! `usage.input_tokens` counts the prompt tokens that were prefilled and
@@ -20,6 +28,7 @@
 //! `error_shape`, which rewrites the OpenAI-shaped ones. A full queue is 529
 //! `overloaded_error`, as Anthropic answers when it is overloaded.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 
 use axum::body::Bytes;
@@ -34,7 +43,6 @@ use futures_util::stream;
 use serde_json::{Map, Value, json};
 use yomi_engine::generate::validate_stop;
 use yomi_engine::stats::StatsRecorder;
-use yomi_engine::template::ChatMessage;
 use yomi_engine::tokenizer::StreamDecoder;
 use yomi_engine::{Engine, FinishReason, Generation};
 
@@ -44,6 +52,7 @@ use crate::api::{
 };
 use crate::error::ApiError;
 use crate::reasoning::Split;
+use crate::tools::{ParsedOutput, ToolCallParser, ToolEvent, ToolFormat, ToolSet};
 use crate::worker::Event;
 use crate::{AppState, body_error, cut_off, shutting_down, submit};
 
@@ -209,8 +218,30 @@ fn unsupported_block(kind: &str, param: &str) -> ApiError {
     )
 }
 
-/// One message of `messages`.
-fn parse_message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
+/// A string field of a content block.
+fn block_str<'a>(b: &'a Value, key: &str, param: &str, kind: &str) -> Result<&'a str, ApiError> {
+    b.get(key).and_then(Value::as_str).ok_or_else(|| {
+        ApiError::bad_param(
+            &format!("{param}.{key}"),
+            format!("a {kind} block needs a string `{key}`"),
+        )
+    })
+}
+
+/// The function names of the calls made so far, by call id: a tool result names the call it
+/// answers only by id, and templates that show the function's name take it from here.
+type CallNames = HashMap<String, String>;
+
+/// One message of `messages`, appended to `out` as the template's messages: an assistant
+/// message's `tool_use` blocks become its `tool_calls` (arguments as objects, as templates
+/// iterate them), and each `tool_result` block of a user message becomes a `tool` message of
+/// its own, in place among the user's text.
+fn parse_message(
+    i: usize,
+    v: &Value,
+    names: &mut CallNames,
+    out: &mut Vec<Value>,
+) -> Result<(), ApiError> {
     let param = format!("messages.{i}");
     let Value::Object(o) = v else {
         return Err(ApiError::bad_param(
@@ -238,34 +269,12 @@ fn parse_message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
         }
     };
     let param = format!("{param}.content");
-    let mut msg = ChatMessage::new(role.as_str(), "");
-    match o.get("content") {
-        Some(Value::String(s)) => msg.content = s.clone(),
-        Some(Value::Array(blocks)) => {
-            let mut reasoning = String::new();
-            for (j, b) in blocks.iter().enumerate() {
-                let param = format!("{param}.{j}");
-                match block_type(b, &param)? {
-                    "text" => msg.content.push_str(block_text(b, &param)?),
-                    // An earlier answer's reasoning, for templates that show it.
-                    "thinking" if role == "assistant" => {
-                        let t = b.get("thinking").and_then(Value::as_str).ok_or_else(|| {
-                            ApiError::bad_param(
-                                &format!("{param}.thinking"),
-                                "a thinking block needs a string `thinking`",
-                            )
-                        })?;
-                        reasoning.push_str(t);
-                    }
-                    // Encrypted reasoning of Anthropic's models: nothing a local model reads.
-                    "redacted_thinking" if role == "assistant" => {}
-                    other => return Err(unsupported_block(other, &param)),
-                }
-            }
-            if !reasoning.is_empty() {
-                msg.reasoning_content = Some(reasoning);
-            }
+    let blocks = match o.get("content") {
+        Some(Value::String(s)) => {
+            out.push(json!({"role": role, "content": s}));
+            return Ok(());
         }
+        Some(Value::Array(blocks)) => blocks,
         Some(other) => {
             return Err(ApiError::bad_param(
                 &param,
@@ -276,8 +285,93 @@ fn parse_message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
             ));
         }
         None => return Err(ApiError::bad_param(&param, "Field required")),
+    };
+    let mut text = String::new();
+    if role == "assistant" {
+        let mut reasoning = String::new();
+        let mut calls = Vec::new();
+        for (j, b) in blocks.iter().enumerate() {
+            let param = format!("{param}.{j}");
+            match block_type(b, &param)? {
+                "text" => text.push_str(block_text(b, &param)?),
+                // An earlier answer's reasoning, for templates that show it.
+                "thinking" => reasoning.push_str(block_str(b, "thinking", &param, "thinking")?),
+                // Encrypted reasoning of Anthropic's models: nothing a local model reads.
+                "redacted_thinking" => {}
+                "tool_use" => {
+                    let id = block_str(b, "id", &param, "tool_use")?;
+                    let name = block_str(b, "name", &param, "tool_use")?;
+                    let Some(input @ Value::Object(_)) = b.get("input") else {
+                        return Err(ApiError::bad_param(
+                            &format!("{param}.input"),
+                            "a tool_use block needs an object `input`",
+                        ));
+                    };
+                    names.insert(id.to_string(), name.to_string());
+                    calls.push(json!({
+                        "id": id,
+                        "type": "function",
+                        "function": {"name": name, "arguments": input},
+                    }));
+                }
+                other => return Err(unsupported_block(other, &param)),
+            }
+        }
+        let mut msg = json!({"role": "assistant", "content": text});
+        if !reasoning.is_empty() {
+            msg["reasoning_content"] = json!(reasoning);
+        }
+        if !calls.is_empty() {
+            msg["tool_calls"] = Value::Array(calls);
+        }
+        out.push(msg);
+        return Ok(());
     }
-    Ok(msg)
+    let mut results = false;
+    for (j, b) in blocks.iter().enumerate() {
+        let param = format!("{param}.{j}");
+        match block_type(b, &param)? {
+            "text" => text.push_str(block_text(b, &param)?),
+            "tool_result" => {
+                // Text before a result stays before it, as a user turn of its own.
+                if !text.is_empty() {
+                    out.push(json!({"role": "user", "content": std::mem::take(&mut text)}));
+                }
+                let id = block_str(b, "tool_use_id", &param, "tool_result")?;
+                let mut content = match field_of(b, "content") {
+                    None => String::new(),
+                    Some(c) => text_blocks(c, &format!("{param}.content"))?,
+                };
+                match field_of(b, "is_error") {
+                    None | Some(Value::Bool(false)) => {}
+                    // Templates have no flag for it: the model reads it.
+                    Some(Value::Bool(true)) => content = format!("Error: {content}"),
+                    Some(v) => {
+                        return Err(ApiError::bad_param(
+                            &format!("{param}.is_error"),
+                            format!("must be a boolean, got {}", kind_name(v)),
+                        ));
+                    }
+                }
+                let mut msg = json!({"role": "tool", "tool_call_id": id, "content": content});
+                if let Some(name) = names.get(id) {
+                    msg["name"] = json!(name);
+                }
+                out.push(msg);
+                results = true;
+            }
+            other => return Err(unsupported_block(other, &param)),
+        }
+    }
+    if !text.is_empty() || !results {
+        out.push(json!({"role": "user", "content": text}));
+    }
+    Ok(())
+}
+
+/// A field of a JSON object value, `None` when missing or null.
+fn field_of<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
+    v.get(key).filter(|x| !x.is_null())
 }
 
 /// `thinking`: `{"type": "enabled", "budget_tokens": n}` (or `adaptive`) turns the template's
@@ -304,8 +398,177 @@ fn parse_thinking(m: &Map<String, Value>) -> Result<bool, ApiError> {
     }
 }
 
-/// Parses a `/v1/messages` body into the request the chat route would make.
-pub fn parse_messages(body: &[u8]) -> Result<ParsedRequest, ApiError> {
+/// What a request's `tools` and `tool_choice` ask for.
+#[derive(Clone, Debug)]
+pub struct ToolPlan {
+    /// The tools as OpenAI-style function tools, for the template; `None` when there are none
+    /// or `tool_choice` is `none` (the model is not shown them).
+    pub template_tools: Option<Value>,
+    /// The functions whose calls are read out of the answer; `None`: the answer is all text.
+    pub calls: Option<ToolSet>,
+    /// At most this many calls are reported (`disable_parallel_tool_use`: 1).
+    pub max_calls: usize,
+}
+
+/// Anthropic's rule for tool names.
+fn valid_tool_name(name: &str) -> bool {
+    (1..=128).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// `tools` (`[{name, description, input_schema}]`) and `tool_choice` (`auto`, `any`, `tool`
+/// with a `name`, `none`; `disable_parallel_tool_use`). Nothing makes the model call a tool:
+/// `any` and `tool` are read as `auto`, except that with `tool` only that tool's calls are
+/// taken from the answer. Anthropic's server tools (`web_search_…`, `bash_…`, …) run on
+/// Anthropic's side and are refused.
+fn parse_tools(m: &Map<String, Value>) -> Result<ToolPlan, ApiError> {
+    let list: &[Value] = match field(m, "tools") {
+        None => &[],
+        Some(Value::Array(a)) => a,
+        Some(v) => {
+            return Err(ApiError::bad_param(
+                "tools",
+                format!("must be a list, got {}", kind_name(v)),
+            ));
+        }
+    };
+    let mut functions = Vec::with_capacity(list.len());
+    let mut schemas: Vec<(String, Value)> = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let param = format!("tools.{i}");
+        let Value::Object(o) = t else {
+            return Err(ApiError::bad_param(
+                &param,
+                format!("a tool must be an object, got {}", kind_name(t)),
+            ));
+        };
+        match o.get("type") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(t)) if t == "custom" => {}
+            Some(Value::String(t)) => {
+                let shown: String = t.chars().take(64).collect();
+                return Err(ApiError::bad_param(
+                    &format!("{param}.type"),
+                    format!(
+                        "tools of type {shown:?} (Anthropic's server tools) are not supported; \
+                         give `name`, `description` and `input_schema`"
+                    ),
+                ));
+            }
+            Some(v) => {
+                return Err(ApiError::bad_param(
+                    &format!("{param}.type"),
+                    format!("must be a string, got {}", kind_name(v)),
+                ));
+            }
+        }
+        let name = opt_str(o, "name")
+            .map_err(|e| e.with_param(&format!("{param}.name")))?
+            .ok_or_else(|| ApiError::bad_param(&format!("{param}.name"), "Field required"))?;
+        if !valid_tool_name(&name) {
+            return Err(ApiError::bad_param(
+                &format!("{param}.name"),
+                "must be 1 to 128 letters, digits, `_` or `-`",
+            ));
+        }
+        if schemas.iter().any(|(n, _)| *n == name) {
+            return Err(ApiError::bad_param(
+                &format!("{param}.name"),
+                format!("tool names must be unique; {name:?} comes twice"),
+            ));
+        }
+        let description =
+            opt_str(o, "description").map_err(|e| e.with_param(&format!("{param}.description")))?;
+        let schema = match o.get("input_schema") {
+            Some(s @ Value::Object(_)) => s.clone(),
+            None | Some(Value::Null) => {
+                return Err(ApiError::bad_param(
+                    &format!("{param}.input_schema"),
+                    "Field required",
+                ));
+            }
+            Some(v) => {
+                return Err(ApiError::bad_param(
+                    &format!("{param}.input_schema"),
+                    format!("must be an object (a JSON schema), got {}", kind_name(v)),
+                ));
+            }
+        };
+        let mut function = json!({"name": name, "parameters": schema});
+        if let Some(d) = description {
+            function["description"] = json!(d);
+        }
+        functions.push(json!({"type": "function", "function": function}));
+        schemas.push((name, schema));
+    }
+    let (choice, named, parallel) = match field(m, "tool_choice") {
+        None => ("auto".to_string(), None, true),
+        Some(Value::Object(o)) => {
+            let kind = opt_str(o, "type")
+                .map_err(|e| e.with_param("tool_choice.type"))?
+                .unwrap_or_default();
+            let named = opt_str(o, "name").map_err(|e| e.with_param("tool_choice.name"))?;
+            let parallel = !opt_bool(o, "disable_parallel_tool_use")
+                .map_err(|e| e.with_param("tool_choice.disable_parallel_tool_use"))?
+                .unwrap_or(false);
+            (kind, named, parallel)
+        }
+        Some(v) => {
+            return Err(ApiError::bad_param(
+                "tool_choice",
+                format!("must be an object, got {}", kind_name(v)),
+            ));
+        }
+    };
+    if !matches!(choice.as_str(), "auto" | "any" | "tool" | "none") {
+        return Err(ApiError::bad_param(
+            "tool_choice.type",
+            "must be \"auto\", \"any\", \"tool\" or \"none\"",
+        ));
+    }
+    let named = match (choice.as_str(), named) {
+        ("tool", Some(n)) if schemas.iter().any(|(s, _)| *s == n) => Some(n),
+        ("tool", Some(n)) => {
+            let shown: String = n.chars().take(128).collect();
+            return Err(ApiError::bad_param(
+                "tool_choice.name",
+                format!("no tool named {shown:?} is in `tools`"),
+            ));
+        }
+        ("tool", None) => {
+            return Err(ApiError::bad_param("tool_choice.name", "Field required"));
+        }
+        _ => None,
+    };
+    if choice == "any" && functions.is_empty() {
+        return Err(ApiError::bad_param(
+            "tool_choice",
+            "`any` needs at least one tool in `tools`",
+        ));
+    }
+    if functions.is_empty() || choice == "none" {
+        return Ok(ToolPlan {
+            template_tools: None,
+            calls: None,
+            max_calls: usize::MAX,
+        });
+    }
+    let set = ToolSet::from_schemas(schemas.iter().map(|(n, s)| (n.as_str(), Some(s))));
+    Ok(ToolPlan {
+        template_tools: Some(Value::Array(functions)),
+        calls: Some(match named {
+            Some(n) => set.only(&n),
+            None => set,
+        }),
+        max_calls: if parallel { usize::MAX } else { 1 },
+    })
+}
+
+/// Parses a `/v1/messages` body into the request the chat route runs, and what it asks of
+/// tools.
+pub fn parse_messages(body: &[u8]) -> Result<(ParsedRequest, ToolPlan), ApiError> {
     let m = parse_object(body)?;
     let model = match required(&m, "model")? {
         Value::String(s) => s.clone(),
@@ -330,7 +593,7 @@ pub fn parse_messages(body: &[u8]) -> Result<ParsedRequest, ApiError> {
     if let Some(system) = field(&m, "system") {
         let text = text_blocks(system, "system")?;
         if !text.is_empty() {
-            messages.push(ChatMessage::system(text));
+            messages.push(json!({"role": "system", "content": text}));
         }
     }
     let list = match required(&m, "messages")? {
@@ -348,8 +611,9 @@ pub fn parse_messages(body: &[u8]) -> Result<ParsedRequest, ApiError> {
             ));
         }
     };
+    let mut names = CallNames::new();
     for (i, msg) in list.iter().enumerate() {
-        messages.push(parse_message(i, msg)?);
+        parse_message(i, msg, &mut names, &mut messages)?;
     }
     let stop = match field(&m, "stop_sequences") {
         None => Vec::new(),
@@ -379,14 +643,15 @@ pub fn parse_messages(body: &[u8]) -> Result<ParsedRequest, ApiError> {
         }
         Some(k) => Some(usize::try_from(k).unwrap_or(usize::MAX)),
     };
+    let tools = parse_tools(&m)?;
     // `metadata` (a user id for abuse tracking) means nothing to a local server.
-    Ok(ParsedRequest {
+    let request = ParsedRequest {
         kind: ApiKind::Chat,
         model: Some(model),
-        prompt: PromptSpec::Chat {
+        prompt: PromptSpec::ChatJson {
             messages,
+            tools: tools.template_tools.clone(),
             enable_thinking: Some(parse_thinking(&m)?),
-            kwargs: Map::new(),
         },
         max_tokens: Some(max_tokens),
         temperature: opt_f32(&m, "temperature")?,
@@ -397,7 +662,8 @@ pub fn parse_messages(body: &[u8]) -> Result<ParsedRequest, ApiError> {
         stop,
         stream: opt_bool(&m, "stream")?.unwrap_or(false),
         include_usage: false,
-    })
+    };
+    Ok((request, tools))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -453,11 +719,13 @@ struct Meta {
     prompt_tokens: usize,
 }
 
-/// `stop_reason` and `stop_sequence`.
-fn stop_reason(o: &Outcome) -> (&'static str, Option<&str>) {
+/// `stop_reason` and `stop_sequence`: a call the model made ends its turn as `tool_use`
+/// unless the token limit cut it.
+fn stop_reason(o: &Outcome, called: bool) -> (&'static str, Option<&str>) {
     match (o.finish, &o.stop_sequence) {
         (FinishReason::Length, _) => ("max_tokens", None),
         (_, Some(s)) => ("stop_sequence", Some(s)),
+        _ if called => ("tool_use", None),
         _ => ("end_turn", None),
     }
 }
@@ -471,18 +739,58 @@ fn usage(o: &Outcome) -> Value {
     })
 }
 
+/// A call's id as Anthropic spells them (`toolu_…`).
+fn tool_id(id: &str) -> String {
+    match id.strip_prefix("call_") {
+        Some(rest) => format!("toolu_{rest}"),
+        None => id.to_string(),
+    }
+}
+
+/// A `tool_use` block; `input` is empty while a stream has still to send the arguments.
+fn tool_use_block(id: &str, name: &str, input: Value) -> Value {
+    json!({"type": "tool_use", "id": tool_id(id), "name": name, "input": input})
+}
+
 impl Meta {
-    /// The non-streaming response. It always has a block, if only an empty text one, since
-    /// clients commonly read `content[0]`.
-    fn message(&self, reasoning: &str, content: &str, o: &Outcome) -> Value {
+    /// The non-streaming response: thinking, then the text, then the calls read out of it.
+    /// It always has a block, if only an empty text one, since clients commonly read
+    /// `content[0]`.
+    fn message(
+        &self,
+        reasoning: &str,
+        content: &str,
+        o: &Outcome,
+        parser: Option<ToolCallParser>,
+    ) -> Value {
+        let parsed = match parser {
+            Some(mut p) => {
+                let mut out = ParsedOutput::default();
+                out.absorb(p.push(content));
+                out.absorb(p.finish());
+                out
+            }
+            None => ParsedOutput {
+                content: content.to_string(),
+                calls: Vec::new(),
+            },
+        };
         let mut blocks = Vec::new();
         if !reasoning.is_empty() {
             blocks.push(json!({"type": "thinking", "thinking": reasoning, "signature": ""}));
         }
-        if !content.is_empty() || blocks.is_empty() {
-            blocks.push(json!({"type": "text", "text": content}));
+        if !parsed.content.is_empty() || (blocks.is_empty() && parsed.calls.is_empty()) {
+            blocks.push(json!({"type": "text", "text": parsed.content}));
         }
-        let (reason, seq) = stop_reason(o);
+        for c in &parsed.calls {
+            // The parser gives valid JSON objects; an empty input is the fallback all the same.
+            let input = serde_json::from_str::<Value>(&c.arguments_json)
+                .ok()
+                .filter(Value::is_object)
+                .unwrap_or_else(|| json!({}));
+            blocks.push(tool_use_block(&c.id, &c.name, input));
+        }
+        let (reason, seq) = stop_reason(o, !parsed.calls.is_empty());
         json!({
             "id": self.id,
             "type": "message",
@@ -519,21 +827,32 @@ impl Meta {
 enum Block {
     Thinking,
     Text,
+    ToolUse,
 }
 
 /// One server-sent event: its `event:` name and its data.
 pub(crate) type Sent = (&'static str, Value);
 
 /// Turns the engine's events into a stream's events, opening a block when the text switches
-/// between reasoning and content and closing the one open before.
+/// between reasoning, content and calls, and closing the one open before.
 #[derive(Debug, Default)]
 struct Blocks {
     /// The index of the open block, or of the next one.
     index: usize,
     open: Option<Block>,
+    /// Reads calls out of the content, when the request offered tools.
+    parser: Option<ToolCallParser>,
+    calls: usize,
 }
 
 impl Blocks {
+    fn new(parser: Option<ToolCallParser>) -> Self {
+        Blocks {
+            parser,
+            ..Blocks::default()
+        }
+    }
+
     fn close(&mut self, out: &mut Vec<Sent>) {
         if self.open.take().is_some() {
             out.push((
@@ -544,20 +863,25 @@ impl Blocks {
         }
     }
 
-    fn switch(&mut self, to: Block, out: &mut Vec<Sent>) {
-        if self.open == Some(to) {
-            return;
-        }
+    fn start(&mut self, kind: Block, block: Value, out: &mut Vec<Sent>) {
         self.close(out);
-        let block = match to {
-            Block::Thinking => json!({"type": "thinking", "thinking": "", "signature": ""}),
-            Block::Text => json!({"type": "text", "text": ""}),
-        };
         out.push((
             "content_block_start",
             json!({"type": "content_block_start", "index": self.index, "content_block": block}),
         ));
-        self.open = Some(to);
+        self.open = Some(kind);
+    }
+
+    /// Opens a thinking or text block unless one of that kind is open.
+    fn switch(&mut self, to: Block, out: &mut Vec<Sent>) {
+        if self.open == Some(to) {
+            return;
+        }
+        let block = match to {
+            Block::Thinking => json!({"type": "thinking", "thinking": "", "signature": ""}),
+            _ => json!({"type": "text", "text": ""}),
+        };
+        self.start(to, block, out);
     }
 
     fn delta(&self, delta: Value, out: &mut Vec<Sent>) {
@@ -565,6 +889,35 @@ impl Blocks {
             "content_block_delta",
             json!({"type": "content_block_delta", "index": self.index, "delta": delta}),
         ));
+    }
+
+    fn content(&mut self, text: &str, out: &mut Vec<Sent>) {
+        if text.is_empty() {
+            return;
+        }
+        self.switch(Block::Text, out);
+        self.delta(json!({"type": "text_delta", "text": text}), out);
+    }
+
+    /// What the tool-call parser reported: text, a call's start, its arguments as they come.
+    fn tool_events(&mut self, events: Vec<ToolEvent>, out: &mut Vec<Sent>) {
+        for ev in events {
+            match ev {
+                ToolEvent::Text(t) => self.content(&t, out),
+                ToolEvent::CallStart { id, name, .. } => {
+                    self.calls += 1;
+                    self.start(Block::ToolUse, tool_use_block(&id, &name, json!({})), out);
+                }
+                // The parser finishes one call's arguments before the next call starts.
+                ToolEvent::CallArgs { piece, .. } if self.open == Some(Block::ToolUse) => {
+                    self.delta(
+                        json!({"type": "input_json_delta", "partial_json": piece}),
+                        out,
+                    );
+                }
+                ToolEvent::CallArgs { .. } => {}
+            }
+        }
     }
 
     fn text(&mut self, s: &Split) -> Vec<Sent> {
@@ -577,21 +930,26 @@ impl Blocks {
             );
         }
         if !s.content.is_empty() {
-            self.switch(Block::Text, &mut out);
-            self.delta(json!({"type": "text_delta", "text": s.content}), &mut out);
+            match self.parser.as_mut().map(|p| p.push(&s.content)) {
+                Some(events) => self.tool_events(events, &mut out),
+                None => self.content(&s.content, &mut out),
+            }
         }
         out
     }
 
-    /// The end: an empty text block if there was none (as in [`Meta::message`]), the stop
-    /// reason and the usage, `message_stop`.
+    /// The end: what the parser still held, an empty text block if there was no block (as
+    /// in [`Meta::message`]), the stop reason and the usage, `message_stop`.
     fn finish(&mut self, o: &Outcome) -> Vec<Sent> {
         let mut out = Vec::new();
+        if let Some(events) = self.parser.as_mut().map(ToolCallParser::finish) {
+            self.tool_events(events, &mut out);
+        }
         if self.index == 0 && self.open.is_none() {
             self.switch(Block::Text, &mut out);
         }
         self.close(&mut out);
-        let (reason, seq) = stop_reason(o);
+        let (reason, seq) = stop_reason(o, self.calls > 0);
         out.push((
             "message_delta",
             json!({
@@ -621,6 +979,7 @@ fn sse((name, data): Sent) -> Result<SseEvent, Infallible> {
 
 fn stream_response(
     meta: Meta,
+    blocks: Blocks,
     rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
     cut: tokio::sync::watch::Receiver<bool>,
 ) -> Response {
@@ -628,7 +987,7 @@ fn stream_response(
         sse(("message_start", meta.message_start())),
         sse(("ping", json!({"type": "ping"}))),
     ];
-    let events = stream::unfold(Some((rx, cut, Blocks::default())), |state| async move {
+    let events = stream::unfold(Some((rx, cut, blocks)), |state| async move {
         let (mut rx, mut cut, mut blocks) = state?;
         let ev = tokio::select! {
             ev = rx.recv() => ev?,
@@ -656,25 +1015,31 @@ pub(crate) async fn messages(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let stats = StatsRecorder::start();
-    let p = match body.map_err(body_error).and_then(|b| parse_messages(&b)) {
-        Ok(p) => p,
+    let (p, tools) = match body.map_err(body_error).and_then(|b| parse_messages(&b)) {
+        Ok(r) => r,
         Err(e) => return error_response(&e),
     };
     let s = match submit(&app, &p, stats).await {
         Ok(s) => s,
         Err(e) => return error_response(&e),
     };
+    let serial = format!("{:016x}{:08x}", app.id_salt, s.n);
+    // Calls are read in the format the model's template teaches.
+    let parser = tools.calls.map(|set| {
+        let format = ToolFormat::from_template(app.engine.template.as_ref().map(|t| t.source()));
+        ToolCallParser::new(format, set, &format!("{serial}_")).with_max_calls(tools.max_calls)
+    });
     let meta = Meta {
-        id: format!("msg_{:016x}{:08x}", app.id_salt, s.n),
+        id: format!("msg_{serial}"),
         model: app.shared.cfg.model_name.clone(),
         prompt_tokens: s.prompt_tokens,
     };
     if p.stream {
-        return stream_response(meta, s.events, s.cut);
+        return stream_response(meta, Blocks::new(parser), s.events, s.cut);
     }
     match crate::collect(s.events, s.cut).await {
         Ok((reasoning, content, o)) => {
-            axum::Json(meta.message(&reasoning, &content, &o)).into_response()
+            axum::Json(meta.message(&reasoning, &content, &o, parser)).into_response()
         }
         Err(e) => error_response(&e),
     }
@@ -689,21 +1054,26 @@ mod tests {
         parse_messages(body.as_bytes()).expect_err(body)
     }
 
-    fn chat(p: &ParsedRequest) -> (&[ChatMessage], Option<bool>) {
+    fn parse(body: &str) -> (ParsedRequest, ToolPlan) {
+        parse_messages(body.as_bytes()).expect(body)
+    }
+
+    /// The template's messages, tools and thinking switch.
+    fn chat(p: &ParsedRequest) -> (&[Value], Option<&Value>, Option<bool>) {
         match &p.prompt {
-            PromptSpec::Chat {
+            PromptSpec::ChatJson {
                 messages,
+                tools,
                 enable_thinking,
-                ..
-            } => (messages, *enable_thinking),
+            } => (messages, tools.as_ref(), *enable_thinking),
             other => panic!("not chat: {other:?}"),
         }
     }
 
     #[test]
     fn requests_parse() {
-        let p = parse_messages(
-            br#"{"model":"m","max_tokens":9,"system":[{"type":"text","text":"be "},
+        let (p, tools) = parse(
+            r#"{"model":"m","max_tokens":9,"system":[{"type":"text","text":"be "},
             {"type":"text","text":"brief","cache_control":{"type":"ephemeral"}}],
             "messages":[{"role":"user","content":"hi"},
               {"role":"assistant","content":[{"type":"thinking","thinking":"hm","signature":"s"},
@@ -711,8 +1081,7 @@ mod tests {
               {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],
             "stop_sequences":["END"],"temperature":0.5,"top_p":0.9,"top_k":3,"stream":true,
             "metadata":{"user_id":"u"},"thinking":{"type":"enabled","budget_tokens":1024}}"#,
-        )
-        .expect("parse");
+        );
         assert_eq!(p.kind, ApiKind::Chat);
         assert_eq!(p.model.as_deref(), Some("m"));
         assert_eq!(p.max_tokens, Some(9));
@@ -722,28 +1091,222 @@ mod tests {
             (Some(0.5), Some(0.9), Some(3))
         );
         assert!(p.stream);
-        let (msgs, thinking) = chat(&p);
+        let (msgs, t, thinking) = chat(&p);
         assert_eq!(thinking, Some(true));
-        assert_eq!(msgs.len(), 4);
+        assert!(t.is_none() && tools.calls.is_none());
+        // The same messages the OpenAI route gives its template.
         assert_eq!(
-            (msgs[0].role.as_str(), msgs[0].content.as_str()),
-            ("system", "be brief")
+            msgs,
+            [
+                json!({"role": "system", "content": "be brief"}),
+                json!({"role": "user", "content": "hi"}),
+                json!({"role": "assistant", "content": "yo", "reasoning_content": "hm"}),
+                json!({"role": "user", "content": "ab"}),
+            ]
         );
-        assert_eq!(
-            (msgs[1].role.as_str(), msgs[1].content.as_str()),
-            ("user", "hi")
-        );
-        assert_eq!(msgs[2].content, "yo");
-        assert_eq!(msgs[2].reasoning_content.as_deref(), Some("hm"));
-        assert_eq!(msgs[3].content, "ab");
         // Thinking is off unless asked for; an empty system prompt adds no message.
-        let p = parse_messages(
-            br#"{"model":"m","max_tokens":1,"system":"","messages":[{"role":"user","content":"x"}]}"#,
-        )
-        .expect("parse");
-        let (msgs, thinking) = chat(&p);
+        let (p, _) = parse(
+            r#"{"model":"m","max_tokens":1,"system":"","messages":[{"role":"user","content":"x"}]}"#,
+        );
+        let (msgs, _, thinking) = chat(&p);
         assert_eq!((msgs.len(), thinking), (1, Some(false)));
         assert!(!p.stream && p.stop.is_empty());
+    }
+
+    const WEATHER: &str = r#"{"name":"get_weather","description":"Weather now",
+        "input_schema":{"type":"object","properties":{"city":{"type":"string"},
+        "days":{"type":"integer"}}}}"#;
+
+    #[test]
+    fn tools_and_tool_history() {
+        let (p, plan) = parse(&format!(
+            r#"{{"model":"m","max_tokens":9,"tools":[{WEATHER},{{"name":"now","input_schema":{{"type":"object"}}}}],
+            "messages":[{{"role":"user","content":"weather?"}},
+              {{"role":"assistant","content":[{{"type":"text","text":"Looking."}},
+                {{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{{"city":"Paris"}}}},
+                {{"type":"tool_use","id":"toolu_2","name":"now","input":{{}}}}]}},
+              {{"role":"user","content":[
+                {{"type":"tool_result","tool_use_id":"toolu_1","content":[{{"type":"text","text":"sunny"}}]}},
+                {{"type":"tool_result","tool_use_id":"toolu_2","content":"boom","is_error":true}},
+                {{"type":"text","text":"thanks"}}]}}]}}"#
+        ));
+        let (msgs, tools, _) = chat(&p);
+        assert_eq!(
+            tools,
+            Some(&json!([
+                {"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+                 "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                 "days": {"type": "integer"}}}}},
+                {"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}},
+            ]))
+        );
+        assert_eq!(
+            msgs,
+            [
+                json!({"role": "user", "content": "weather?"}),
+                json!({"role": "assistant", "content": "Looking.", "tool_calls": [
+                    {"id": "toolu_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+                    {"id": "toolu_2", "type": "function",
+                     "function": {"name": "now", "arguments": {}}}]}),
+                json!({"role": "tool", "tool_call_id": "toolu_1", "content": "sunny",
+                       "name": "get_weather"}),
+                json!({"role": "tool", "tool_call_id": "toolu_2", "content": "Error: boom",
+                       "name": "now"}),
+                json!({"role": "user", "content": "thanks"}),
+            ]
+        );
+        assert!(plan.calls.is_some() && plan.max_calls == usize::MAX);
+
+        // A chat template sees them as it would see OpenAI's: the tools, the calls with their
+        // arguments as objects, the results with the call's id and function name.
+        let tpl = yomi_engine::template::ChatTemplate::new(
+            concat!(
+                "{%- if tools %}{% for t in tools %}[{{ t.function.name }}]{% endfor %}{% endif %}",
+                "{%- for m in messages %}<{{ m.role }}>{{ m.content }}",
+                "{%- for c in m.tool_calls or [] %}<call {{ c.id }} {{ c.function.name }}",
+                "{%- for k, v in c.function.arguments | items %} {{ k }}={{ v }}{% endfor %}>",
+                "{%- endfor %}{% if m.role == 'tool' %}({{ m.tool_call_id }} {{ m.name }})",
+                "{%- endif %}{% endfor %}"
+            ),
+            None,
+            None,
+        )
+        .expect("template");
+        let text = tpl
+            .render_with(msgs, tools, true, None, None)
+            .expect("render");
+        assert_eq!(
+            text,
+            "[get_weather][now]<user>weather?<assistant>Looking.<call toolu_1 get_weather \
+             city=Paris><call toolu_2 now><tool>sunny(toolu_1 get_weather)<tool>Error: boom\
+             (toolu_2 now)<user>thanks"
+        );
+
+        // tool_choice: a named tool narrows the calls read; none shows no tools; one call.
+        let body = |choice: &str| {
+            format!(
+                r#"{{"model":"m","max_tokens":9,"tools":[{WEATHER}],"tool_choice":{choice},
+                "messages":[{{"role":"user","content":"x"}}]}}"#
+            )
+        };
+        let (p, plan) = parse(&body(r#"{"type":"none"}"#));
+        assert!(chat(&p).1.is_none() && plan.calls.is_none());
+        let (_, plan) = parse(&body(
+            r#"{"type":"tool","name":"get_weather","disable_parallel_tool_use":true}"#,
+        ));
+        assert!(plan.calls.is_some() && plan.max_calls == 1);
+        let (_, plan) = parse(&body(r#"{"type":"any"}"#));
+        assert!(plan.calls.is_some());
+        let (p, plan) = parse(
+            r#"{"model":"m","max_tokens":9,"tools":[],"tool_choice":{"type":"auto"},"messages":[{"role":"user","content":"x"}]}"#,
+        );
+        assert!(chat(&p).1.is_none() && plan.calls.is_none());
+    }
+
+    #[test]
+    fn bad_tools_name_the_field() {
+        let m = r#""model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}]"#;
+        for (extra, param) in [
+            (r#""tools":{}"#.to_string(), "tools"),
+            (r#""tools":[1]"#.to_string(), "tools.0"),
+            (
+                r#""tools":[{"input_schema":{}}]"#.to_string(),
+                "tools.0.name",
+            ),
+            (
+                r#""tools":[{"name":"a b","input_schema":{}}]"#.to_string(),
+                "tools.0.name",
+            ),
+            (
+                r#""tools":[{"name":"a"}]"#.to_string(),
+                "tools.0.input_schema",
+            ),
+            (
+                r#""tools":[{"name":"a","input_schema":"x"}]"#.to_string(),
+                "tools.0.input_schema",
+            ),
+            (
+                r#""tools":[{"type":"web_search_20250305","name":"web_search"}]"#.to_string(),
+                "tools.0.type",
+            ),
+            (format!(r#""tools":[{WEATHER},{WEATHER}]"#), "tools.1.name"),
+            (
+                format!(r#""tools":[{WEATHER}],"tool_choice":"auto""#),
+                "tool_choice",
+            ),
+            (
+                format!(r#""tools":[{WEATHER}],"tool_choice":{{"type":"some"}}"#),
+                "tool_choice.type",
+            ),
+            (
+                format!(r#""tools":[{WEATHER}],"tool_choice":{{"type":"tool"}}"#),
+                "tool_choice.name",
+            ),
+            (
+                format!(r#""tools":[{WEATHER}],"tool_choice":{{"type":"tool","name":"x"}}"#),
+                "tool_choice.name",
+            ),
+            (r#""tool_choice":{"type":"any"}"#.to_string(), "tool_choice"),
+        ] {
+            let e = err(&format!("{{{m},{extra}}}"));
+            assert_eq!(e.param.as_deref(), Some(param), "{extra}: {e:?}");
+        }
+        let msgs = |content: &str, role: &str| {
+            format!(
+                r#"{{"model":"m","max_tokens":5,"messages":[{{"role":"{role}","content":[{content}]}}]}}"#
+            )
+        };
+        for (content, role, param) in [
+            (
+                r#"{"type":"tool_use","name":"f","input":{}}"#,
+                "assistant",
+                "messages.0.content.0.id",
+            ),
+            (
+                r#"{"type":"tool_use","id":"i","input":{}}"#,
+                "assistant",
+                "messages.0.content.0.name",
+            ),
+            (
+                r#"{"type":"tool_use","id":"i","name":"f","input":[]}"#,
+                "assistant",
+                "messages.0.content.0.input",
+            ),
+            (
+                r#"{"type":"tool_use","id":"i","name":"f","input":{}}"#,
+                "user",
+                "messages.0.content.0.type",
+            ),
+            (
+                r#"{"type":"tool_result","content":"x"}"#,
+                "user",
+                "messages.0.content.0.tool_use_id",
+            ),
+            (
+                r#"{"type":"tool_result","tool_use_id":"i","content":5}"#,
+                "user",
+                "messages.0.content.0.content",
+            ),
+            (
+                r#"{"type":"tool_result","tool_use_id":"i","content":[{"type":"image"}]}"#,
+                "user",
+                "messages.0.content.0.content.0.type",
+            ),
+            (
+                r#"{"type":"tool_result","tool_use_id":"i","is_error":"y"}"#,
+                "user",
+                "messages.0.content.0.is_error",
+            ),
+            (
+                r#"{"type":"tool_result","tool_use_id":"i"}"#,
+                "assistant",
+                "messages.0.content.0.type",
+            ),
+        ] {
+            let e = err(&msgs(content, role));
+            assert_eq!(e.param.as_deref(), Some(param), "{content}: {e:?}");
+        }
     }
 
     #[test]
@@ -901,7 +1464,7 @@ mod tests {
 
     #[test]
     fn messages_and_stop_reasons() {
-        let m = meta().message("", "hi", &outcome(FinishReason::Stop, None));
+        let m = meta().message("", "hi", &outcome(FinishReason::Stop, None), None);
         assert_eq!(m["type"], "message");
         assert_eq!(m["role"], "assistant");
         assert_eq!(m["content"], json!([{"type": "text", "text": "hi"}]));
@@ -912,7 +1475,7 @@ mod tests {
             json!({"input_tokens": 7, "output_tokens": 4, "cache_creation_input_tokens": 0,
                    "cache_read_input_tokens": 3})
         );
-        let m = meta().message("r", "", &outcome(FinishReason::Stop, Some("END")));
+        let m = meta().message("r", "", &outcome(FinishReason::Stop, Some("END")), None);
         assert_eq!(
             m["content"],
             json!([{"type": "thinking", "thinking": "r", "signature": ""}])
@@ -921,7 +1484,7 @@ mod tests {
             (m["stop_reason"].clone(), m["stop_sequence"].clone()),
             (json!("stop_sequence"), json!("END"))
         );
-        let m = meta().message("", "", &outcome(FinishReason::Length, None));
+        let m = meta().message("", "", &outcome(FinishReason::Length, None), None);
         assert_eq!(m["content"], json!([{"type": "text", "text": ""}]));
         assert_eq!(m["stop_reason"], "max_tokens");
     }
@@ -933,9 +1496,12 @@ mod tests {
         })
     }
 
-    /// The event names and the block indices of a whole stream.
+    /// The events of a whole stream.
     fn run(events: Vec<Event>) -> Vec<(String, Value)> {
-        let mut b = Blocks::default();
+        run_with(Blocks::default(), events)
+    }
+
+    fn run_with(mut b: Blocks, events: Vec<Event>) -> Vec<(String, Value)> {
         let mut out = vec![("message_start".to_string(), meta().message_start())];
         for ev in events {
             let (sent, last) = stream_events(&mut b, ev);
@@ -1058,5 +1624,78 @@ mod tests {
             ]
         );
         assert_eq!(ev[3].1, error_body("api_error", "boom"));
+    }
+
+    #[test]
+    fn tool_calls_streamed_and_whole_agree() {
+        let schema = json!({"type": "object", "properties": {
+            "city": {"type": "string"}, "days": {"type": "integer"}}});
+        let set = ToolSet::from_schemas([("get_weather", Some(&schema))]);
+        let parser = || Some(ToolCallParser::new(ToolFormat::QwenXml, set.clone(), "x_"));
+        let text = "Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n\
+                    </parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+        let o = outcome(FinishReason::Stop, None);
+        let m = meta().message("", text, &o, parser());
+        let call = json!({"type": "tool_use", "id": "toolu_x_0", "name": "get_weather",
+                          "input": {"city": "Paris", "days": 3}});
+        assert_eq!(
+            m["content"],
+            json!([{"type": "text", "text": "Let me check."}, call])
+        );
+        assert_eq!(m["stop_reason"], "tool_use");
+        // Cut off by the token limit, it is still `max_tokens`.
+        let cut = meta().message("", text, &outcome(FinishReason::Length, None), parser());
+        assert_eq!(cut["stop_reason"], "max_tokens");
+        // Without tools the same text is text.
+        let plain = meta().message("", text, &o, None);
+        assert_eq!(plain["content"], json!([{"type": "text", "text": text}]));
+
+        // Streamed three characters at a time: a text block, then a tool_use block whose
+        // `input_json_delta`s make the same input.
+        let chars: Vec<char> = text.chars().collect();
+        let mut events: Vec<Event> = chars
+            .chunks(3)
+            .map(|c| split("", &c.iter().collect::<String>()))
+            .collect();
+        events.push(Event::Done(Box::new(o.clone())));
+        let ev = run_with(Blocks::new(parser()), events);
+        let starts: Vec<&Value> = ev
+            .iter()
+            .filter(|(n, _)| n == "content_block_start")
+            .map(|(_, v)| v)
+            .collect();
+        assert_eq!(starts.len(), 2);
+        assert_eq!(starts[0]["content_block"]["type"], "text");
+        assert_eq!(
+            starts[1],
+            &json!({"type": "content_block_start", "index": 1, "content_block":
+                    {"type": "tool_use", "id": "toolu_x_0", "name": "get_weather", "input": {}}})
+        );
+        let mut streamed_text = String::new();
+        let mut json_text = String::new();
+        for (n, v) in &ev {
+            if n != "content_block_delta" {
+                continue;
+            }
+            match v["delta"]["type"].as_str() {
+                Some("text_delta") => {
+                    assert_eq!(v["index"], 0);
+                    streamed_text.push_str(v["delta"]["text"].as_str().unwrap_or_default());
+                }
+                Some("input_json_delta") => {
+                    assert_eq!(v["index"], 1);
+                    json_text.push_str(v["delta"]["partial_json"].as_str().unwrap_or_default());
+                }
+                other => panic!("unexpected delta {other:?}"),
+            }
+        }
+        assert_eq!(streamed_text, "Let me check.");
+        let input: Value = serde_json::from_str(&json_text).expect("arguments JSON");
+        assert_eq!(input, call["input"]);
+        let stops = ev.iter().filter(|(n, _)| n == "content_block_stop").count();
+        assert_eq!(stops, 2);
+        let delta = &ev[ev.len() - 2];
+        assert_eq!(delta.0, "message_delta");
+        assert_eq!(delta.1["delta"]["stop_reason"], "tool_use");
     }
 }

@@ -27,6 +27,14 @@ pub enum PromptSpec {
         enable_thinking: Option<bool>,
         kwargs: Map<String, Value>,
     },
+    /// A conversation as JSON messages in the template's own terms, as Anthropic's route makes
+    /// them (assistant `tool_calls` whose `function.arguments` are objects, `tool` messages
+    /// with `tool_call_id`), and OpenAI-style function tools for the template.
+    ChatJson {
+        messages: Vec<Value>,
+        tools: Option<Value>,
+        enable_thinking: Option<bool>,
+    },
     /// Raw text.
     Text(String),
     /// Token ids.

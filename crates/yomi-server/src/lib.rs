@@ -673,6 +673,32 @@ fn check_prompt_bytes(text: &str, bound: usize, ctx: usize, param: &str) -> Resu
     Ok(())
 }
 
+/// Renders a conversation with the model's chat template and tokenizes it; also tells whether
+/// the prompt leaves the model inside a thinking block.
+fn chat_prompt<M: serde::Serialize + ?Sized>(
+    engine: &Engine,
+    max_prompt_bytes: usize,
+    messages: &M,
+    tools: Option<&Value>,
+    enable_thinking: Option<bool>,
+    kwargs: Option<&serde_json::Map<String, Value>>,
+) -> Result<(Vec<u32>, bool), ApiError> {
+    let tpl = engine.template.as_ref().ok_or_else(|| {
+        ApiError::bad_request(
+            "this model has no chat template; use /v1/completions with a text prompt",
+        )
+    })?;
+    let text = tpl
+        .render_with(messages, tools, true, enable_thinking, kwargs)
+        .map_err(|e| ApiError::bad_param("messages", format!("{e:#}")))?;
+    check_prompt_bytes(&text, max_prompt_bytes, engine.context_size, "messages")?;
+    let ids = engine
+        .tokenizer
+        .encode(&text, false)
+        .map_err(|e| ApiError::bad_param("messages", format!("{e:#}")))?;
+    Ok((ids, prompt_opens_thinking(&text)))
+}
+
 /// Templates and tokenizes, then checks everything that needs the model.
 fn prepare(
     engine: &Engine,
@@ -688,21 +714,33 @@ fn prepare(
             enable_thinking,
             kwargs,
         } => {
-            let tpl = engine.template.as_ref().ok_or_else(|| {
-                ApiError::bad_request(
-                    "this model has no chat template; use /v1/completions with a text prompt",
-                )
-            })?;
             let extra = (!kwargs.is_empty()).then_some(kwargs);
-            let text = tpl
-                .render_with(messages.as_slice(), None, true, *enable_thinking, extra)
-                .map_err(|e| ApiError::bad_param("messages", format!("{e:#}")))?;
-            check_prompt_bytes(&text, max_prompt_bytes, ctx, "messages")?;
-            starts_thinking = prompt_opens_thinking(&text);
-            engine
-                .tokenizer
-                .encode(&text, false)
-                .map_err(|e| ApiError::bad_param("messages", format!("{e:#}")))?
+            let (ids, thinking) = chat_prompt(
+                engine,
+                max_prompt_bytes,
+                messages.as_slice(),
+                None,
+                *enable_thinking,
+                extra,
+            )?;
+            starts_thinking = thinking;
+            ids
+        }
+        PromptSpec::ChatJson {
+            messages,
+            tools,
+            enable_thinking,
+        } => {
+            let (ids, thinking) = chat_prompt(
+                engine,
+                max_prompt_bytes,
+                messages.as_slice(),
+                tools.as_ref(),
+                *enable_thinking,
+                None,
+            )?;
+            starts_thinking = thinking;
+            ids
         }
         PromptSpec::Text(t) => {
             check_prompt_bytes(t, max_prompt_bytes, ctx, "prompt")?;
