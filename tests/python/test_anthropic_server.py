@@ -292,3 +292,63 @@ def test_full_queue_is_overloaded_529():
         assert create(c, "x", max_tokens=2).content
     finally:
         s.stop()
+
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city now",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+def tool_history(result):
+    return [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": [
+            {"type": "text", "text": "Let me look."},
+            {"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_01", "content": [{"type": "text", "text": result}]}]},
+    ]
+
+
+def test_tool_use_round_trip(client):
+    total = lambda m: m.usage.input_tokens + m.usage.cache_read_input_tokens  # noqa: E731
+    m = client.messages.create(model=NAME, max_tokens=8, extra_body=GREEDY, tools=[WEATHER],
+                               messages=tool_history("sunny, 21 C"))
+    assert m.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    for b in m.content:
+        assert b.type in ("text", "thinking", "tool_use")
+        if b.type == "tool_use":
+            assert b.name == "get_weather" and isinstance(b.input, dict) and b.id.startswith("toolu_")
+    # The result reached the prompt: a longer result makes a longer prompt.
+    longer = client.messages.create(model=NAME, max_tokens=8, extra_body=GREEDY, tools=[WEATHER],
+                                    messages=tool_history("sunny, 21 C, a light wind from the west all day"))
+    assert total(longer) > total(m)
+    # Streamed, the same message.
+    with client.messages.stream(model=NAME, max_tokens=8, extra_body=GREEDY, tools=[WEATHER],
+                                messages=tool_history("sunny, 21 C")) as stream:
+        final = stream.get_final_message()
+    assert [b.type for b in final.content] == [b.type for b in m.content]
+    assert text_of(final) == text_of(m)
+    assert final.stop_reason == m.stop_reason
+    assert final.usage.output_tokens == m.usage.output_tokens
+    # Every tool_choice is taken.
+    for choice in [{"type": "auto"}, {"type": "any"}, {"type": "tool", "name": "get_weather"},
+                   {"type": "none"}, {"type": "auto", "disable_parallel_tool_use": True}]:
+        r = client.messages.create(model=NAME, max_tokens=2, extra_body=GREEDY, tools=[WEATHER],
+                                   tool_choice=choice, messages=[{"role": "user", "content": "hi"}])
+        assert r.content, choice
+    # Requests that cannot be served are typed errors.
+    bad = [
+        dict(tools=[WEATHER], tool_choice={"type": "tool", "name": "nope"}),
+        dict(tools=[{"type": "web_search_20250305", "name": "web_search"}]),
+        dict(tools=[{"name": "no schema"}]),
+        dict(messages=[{"role": "assistant", "content": [{"type": "tool_use", "id": "x", "name": "f"}]}]),
+    ]
+    for extra in bad:
+        kw = dict(model=NAME, max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+        kw.update(extra)
+        with pytest.raises(anthropic.BadRequestError) as e:
+            client.messages.create(**kw)
+        assert e.value.type == "invalid_request_error", extra
