@@ -7,6 +7,7 @@ use yomi_engine::generate::validate_stop;
 use yomi_engine::stats::GenerationStats;
 use yomi_engine::template::ChatMessage;
 
+use crate::chat_tools::{self, ToolChat};
 use crate::error::ApiError;
 
 /// Which API a request came through.
@@ -35,6 +36,9 @@ pub enum PromptSpec {
         tools: Option<Value>,
         enable_thinking: Option<bool>,
     },
+    /// A conversation that involves tools (offered functions, or calls and their results in
+    /// the messages), its messages in the shape the template reads ([`crate::chat_tools`]).
+    ChatWithTools(Box<ToolChat>),
     /// Raw text.
     Text(String),
     /// Token ids.
@@ -202,25 +206,6 @@ fn refuse_unsupported(m: &Map<String, Value>) -> Result<(), ApiError> {
             return Err(ApiError::bad_param(
                 "logprobs",
                 "logprobs are not supported",
-            ));
-        }
-    }
-    match field(m, "tools") {
-        None => {}
-        Some(Value::Array(t)) if t.is_empty() => {}
-        Some(Value::Array(_)) => {
-            return Err(ApiError::bad_param(
-                "tools",
-                "tool calling is not supported",
-            ));
-        }
-        Some(v) => {
-            return Err(ApiError::bad_param(
-                "tools",
-                format!(
-                    "`tools` must be a list (and tool calling is not supported), got {}",
-                    kind_name(v)
-                ),
             ));
         }
     }
@@ -405,6 +390,8 @@ pub fn parse_chat(body: &[u8]) -> Result<ParsedRequest, ApiError> {
         }
     };
     let mut messages = Vec::with_capacity(list.len());
+    // Each message's tool fields (`tool_calls`, `tool_call_id`, `name`), when it has any.
+    let mut tool_fields: Vec<Option<Map<String, Value>>> = Vec::with_capacity(list.len());
     for (i, msg) in list.iter().enumerate() {
         let Value::Object(o) = msg else {
             return Err(ApiError::bad_param(
@@ -421,11 +408,14 @@ pub fn parse_chat(body: &[u8]) -> Result<ParsedRequest, ApiError> {
             "system" | "developer" => "system",
             "user" => "user",
             "assistant" => "assistant",
+            "tool" => "tool",
             other => {
+                let shown: String = other.chars().take(64).collect();
                 return Err(ApiError::bad_param(
                     &format!("messages[{i}].role"),
                     format!(
-                        "unsupported role {other:?} (expected system, developer, user or assistant)"
+                        "unsupported role {shown:?} (expected system, developer, user, assistant \
+                         or tool)"
                     ),
                 ));
             }
@@ -438,6 +428,31 @@ pub fn parse_chat(body: &[u8]) -> Result<ParsedRequest, ApiError> {
             cm.reasoning_content = reasoning.filter(|r| !r.is_empty());
         }
         messages.push(cm);
+        let mut extra = Map::new();
+        if role == "assistant"
+            && let Some(calls) = field(o, "tool_calls")
+        {
+            let calls =
+                chat_tools::parse_message_tool_calls(calls, &format!("messages[{i}].tool_calls"))?;
+            if !calls.is_empty() {
+                extra.insert("tool_calls".into(), Value::Array(calls));
+            }
+        }
+        if role == "tool"
+            && let Some(id) = opt_str(o, "tool_call_id")
+                .map_err(|e| e.with_param(&format!("messages[{i}].tool_call_id")))?
+        {
+            extra.insert("tool_call_id".into(), Value::String(id));
+        }
+        if let Some(name) =
+            opt_str(o, "name").map_err(|e| e.with_param(&format!("messages[{i}].name")))?
+        {
+            // Some templates show a tool result's function name.
+            if role == "tool" {
+                extra.insert("name".into(), Value::String(name));
+            }
+        }
+        tool_fields.push((!extra.is_empty()).then_some(extra));
     }
     let mut kwargs = match field(&m, "chat_template_kwargs") {
         None => Map::new(),
@@ -462,15 +477,38 @@ pub fn parse_chat(body: &[u8]) -> Result<ParsedRequest, ApiError> {
             ));
         }
     };
-    parse_common(
-        &m,
-        ApiKind::Chat,
+    let tools = chat_tools::parse_tools(field(&m, "tools"))?;
+    let choice = chat_tools::parse_tool_choice(field(&m, "tool_choice"), &tools)?;
+    let parallel = opt_bool(&m, "parallel_tool_calls")?.unwrap_or(true);
+    let prompt = if tools.is_empty() && tool_fields.iter().all(Option::is_none) {
         PromptSpec::Chat {
             messages,
             enable_thinking,
             kwargs,
-        },
-    )
+        }
+    } else {
+        // The template reads the messages as JSON objects, tool fields included.
+        let messages = messages
+            .iter()
+            .zip(tool_fields)
+            .map(|(cm, extra)| {
+                let mut v = serde_json::to_value(cm).unwrap_or(Value::Null);
+                if let (Value::Object(o), Some(extra)) = (&mut v, extra) {
+                    o.extend(extra);
+                }
+                v
+            })
+            .collect();
+        PromptSpec::ChatWithTools(Box::new(ToolChat {
+            messages,
+            enable_thinking,
+            kwargs,
+            tools,
+            choice,
+            parallel,
+        }))
+    };
+    parse_common(&m, ApiKind::Chat, prompt)
 }
 
 /// Parses a `/v1/completions` body (one prompt: a string, a list of one string, or token ids).
@@ -502,6 +540,17 @@ pub fn parse_completion(body: &[u8]) -> Result<ParsedRequest, ApiError> {
         },
         Some(_) => return Err(bad()),
     };
+    // Tools are a chat feature: the chat template is what shows them to the model.
+    match field(&m, "tools") {
+        None => {}
+        Some(Value::Array(t)) if t.is_empty() => {}
+        Some(_) => {
+            return Err(ApiError::bad_param(
+                "tools",
+                "`tools` needs /v1/chat/completions (a text prompt has no template to show them)",
+            ));
+        }
+    }
     parse_common(&m, ApiKind::Completion, prompt)
 }
 
@@ -747,9 +796,10 @@ mod tests {
             (r#""stream":"yes""#, "stream"),
             (r#""n":2"#, "n"),
             (r#""logprobs":true"#, "logprobs"),
-            (r#""tools":[{"type":"function"}]"#, "tools"),
+            (r#""tools":[{"type":"function"}]"#, "tools[0].function"),
             (r#""presence_penalty":0.5"#, "presence_penalty"),
             (r#""tools":"f""#, "tools"),
+            (r#""tool_choice":"required""#, "tool_choice"),
             (
                 r#""response_format":{"type":"json_object"}"#,
                 "response_format",
@@ -772,7 +822,7 @@ mod tests {
             assert_eq!(e.param.as_deref(), Some(param), "{extra}: {e:?}");
         }
         let e = err(parse_chat(
-            br#"{"messages":[{"role":"tool","content":"x"}]}"#,
+            br#"{"messages":[{"role":"function","content":"x"}]}"#,
         ));
         assert_eq!(e.param.as_deref(), Some("messages[0].role"));
         let e = err(parse_chat(

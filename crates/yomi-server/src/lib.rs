@@ -19,12 +19,15 @@
 //! within the body timeout), 413 (body too large, or a `Content-Length` that says so), 415
 //! (without an API key, a POST body not declared JSON), 503 (queue full, with `Retry-After`;
 //! shutting down) and 500 (engine failure). Parameters that would change the output in ways
-//! yomi does not implement (`n`, `best_of`, penalties, `logprobs`, `logit_bias`, `tools`, a
+//! yomi does not implement (`n`, `best_of`, penalties, `logprobs`, `logit_bias`, a
 //! `response_format` other than text, `echo`, `suffix`) get 400 rather than being ignored;
-//! `stop` takes at most 4 strings of at most 256 bytes each.
+//! `stop` takes at most 4 strings of at most 256 bytes each. Chat requests may offer `tools`
+//! ([`chat_tools`]): the model's template shows them, and calls in the output come back as
+//! `tool_calls`.
 
 pub mod anthropic;
 pub mod api;
+pub mod chat_tools;
 pub mod client;
 pub mod error;
 pub mod reasoning;
@@ -58,8 +61,10 @@ use yomi_engine::stats::StatsRecorder;
 use yomi_engine::{Engine, GenerateParams};
 
 use crate::api::{ApiKind, Outcome, ParsedRequest, PromptSpec, ResponseMeta};
+use crate::chat_tools::ToolStream;
 use crate::error::ApiError;
 use crate::reasoning::{Split, THINK_CLOSE, THINK_OPEN, prompt_opens_thinking};
+use crate::tools::ToolCallParser;
 use crate::worker::{Event, Job};
 
 /// Default limit on a request body.
@@ -742,6 +747,20 @@ fn prepare(
             starts_thinking = thinking;
             ids
         }
+        PromptSpec::ChatWithTools(chat) => {
+            let tools = chat.template_tools();
+            let extra = (!chat.kwargs.is_empty()).then_some(&chat.kwargs);
+            let (ids, thinking) = chat_prompt(
+                engine,
+                max_prompt_bytes,
+                chat.messages.as_slice(),
+                tools.as_ref(),
+                chat.enable_thinking,
+                extra,
+            )?;
+            starts_thinking = thinking;
+            ids
+        }
         PromptSpec::Text(t) => {
             check_prompt_bytes(t, max_prompt_bytes, ctx, "prompt")?;
             engine
@@ -874,11 +893,21 @@ async fn start(
         kind: p.kind,
         include_usage: p.stream && p.include_usage,
     };
+    let tools = tool_parser(&app.engine, &p, &meta);
     if p.stream {
-        Ok(stream_response(meta, s.events, s.cut))
+        Ok(stream_response(meta, s.events, s.cut, tools))
     } else {
-        collect_response(meta, s.events, s.cut).await
+        collect_response(meta, s.events, s.cut, tools).await
     }
+}
+
+/// The parser that takes tool calls out of a chat request's output, when it offers tools.
+fn tool_parser(engine: &Engine, p: &ParsedRequest, meta: &ResponseMeta) -> Option<ToolCallParser> {
+    let PromptSpec::ChatWithTools(chat) = &p.prompt else {
+        return None;
+    };
+    let template = engine.template.as_ref().map(|t| t.source());
+    chat.parser(template, chat_tools::id_base(&meta.id))
 }
 
 /// Checks the model, takes a place in the queue, templates and tokenizes the request and
@@ -979,10 +1008,12 @@ fn stream_response(
     meta: ResponseMeta,
     rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
     cut: tokio::sync::watch::Receiver<bool>,
+    tools: Option<ToolCallParser>,
 ) -> Response {
     let head: Vec<Result<SseEvent, Infallible>> = meta.role_chunk().iter().map(sse).collect();
-    let events = stream::unfold(Some((rx, cut, meta)), |state| async move {
-        let (mut rx, mut cut, meta) = state?;
+    let tools = tools.map(ToolStream::new);
+    let events = stream::unfold(Some((rx, cut, meta, tools)), |state| async move {
+        let (mut rx, mut cut, meta, mut tools) = state?;
         let ev = tokio::select! {
             ev = rx.recv() => ev?,
             () = cut_off(&mut cut) => {
@@ -1000,12 +1031,17 @@ fn stream_response(
                 if !reasoning.is_empty() {
                     out.push(sse(&meta.text_chunk(&reasoning, true)));
                 }
-                if !content.is_empty() {
+                if let Some(t) = &mut tools {
+                    out.extend(t.push(&meta, &content).iter().map(sse));
+                } else if !content.is_empty() {
                     out.push(sse(&meta.text_chunk(&content, false)));
                 }
             }
             Event::Done(o) => {
-                out.push(sse(&meta.finish_chunk(&o)));
+                match &mut tools {
+                    Some(t) => out.extend(t.finish(&meta, &o).iter().map(sse)),
+                    None => out.push(sse(&meta.finish_chunk(&o))),
+                }
                 if meta.include_usage {
                     out.push(sse(&meta.usage_chunk(&o)));
                 }
@@ -1018,7 +1054,7 @@ fn stream_response(
             }
         }
         // Nothing follows the end, even if shutdown comes before the channel closes.
-        Some((out, (!last).then_some((rx, cut, meta))))
+        Some((out, (!last).then_some((rx, cut, meta, tools))))
     })
     .flat_map(stream::iter);
     Sse::new(stream::iter(head).chain(events))
@@ -1030,9 +1066,11 @@ async fn collect_response(
     meta: ResponseMeta,
     rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
     cut: tokio::sync::watch::Receiver<bool>,
+    tools: Option<ToolCallParser>,
 ) -> Result<Response, ApiError> {
     let (reasoning, content, o) = collect(rx, cut).await?;
-    Ok(axum::Json(meta.full(&reasoning, &content, &o)).into_response())
+    let full = chat_tools::full_response(&meta, &reasoning, &content, &o, tools);
+    Ok(axum::Json(full).into_response())
 }
 
 /// A request's whole output: reasoning, content and how it ended.
