@@ -30,11 +30,11 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use yomi_core::TreeBatch;
 use yomi_cpu::gdn::{self as cgdn, GdnRows};
 use yomi_cpu::linear::linear as cpu_linear;
-use yomi_weights::{Matrix, WeightData};
 use yomi_cuda::{
     CudaDevice, DeviceMatrix, GdnDeviceRows, GdnShape, GemvKernel, WeightDtype, gemv_variant,
     linear_kernel,
 };
+use yomi_weights::{Matrix, WeightData};
 
 struct Err {
     max_abs: f32,

@@ -13,8 +13,8 @@ mod common;
 use common::{Rng, dev, poisoned, time_ms};
 
 use yomi_cpu::linear::linear as cpu_linear;
-use yomi_weights::{Matrix, WeightData};
 use yomi_cuda::{CudaDevice, DeviceMatrix, GateUpMatrix, GemmRoute, WeightDtype};
+use yomi_weights::{Matrix, WeightData};
 
 const ROUTES: [GemmRoute; 2] = [GemmRoute::Cublas, GemmRoute::Kernel];
 

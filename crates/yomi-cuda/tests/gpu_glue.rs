@@ -366,8 +366,8 @@ fn bf16_tile_packing_matches_the_host_layout() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn linear_batch_invariance() {
-    use yomi_weights::quant::{QuantType, quantize_row};
     use yomi_cuda::QuantFormat;
+    use yomi_weights::quant::{QuantType, quantize_row};
     let d = dev();
     let (rows, cols) = (4096usize, 4096usize);
     let mut r = Rng::new(15);

@@ -25,8 +25,8 @@ use common::{Rng, dev, time_ms};
 
 use cudarc::driver::CudaSlice;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use yomi_weights::quant::{QuantType, dequantize_row, quantize_row};
 use yomi_cuda::{DeviceMatrix, QuantFormat, WeightDtype, gemv_variant};
+use yomi_weights::quant::{QuantType, dequantize_row, quantize_row};
 
 fn cpu_type(f: QuantFormat) -> QuantType {
     QuantType::from_ggml_id(f.ggml_type()).expect("yomi-weights knows every QuantFormat")
