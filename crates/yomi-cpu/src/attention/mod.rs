@@ -371,7 +371,15 @@ pub fn attention_tree_with<E: KvElem>(
 ) {
     assert!(isa.is_supported(), "attention: this CPU lacks {isa:?}");
     let args = (
-        q, k_cache, v_cache, layout, committed, tree, shape, scale, out,
+        q,
+        k_cache,
+        v_cache,
+        layout,
+        committed,
+        Rows::Tree(tree),
+        shape,
+        scale,
+        out,
     );
     match isa {
         AttnIsa::Portable => run::<Portable, E>(args),
@@ -390,11 +398,87 @@ type Args<'a, E> = (
     &'a [E],
     KvLayout,
     usize,
-    &'a TreeBatch,
+    Rows<'a>,
     AttnShape,
     f32,
     &'a mut [f32],
 );
+
+/// What the query rows of a pass see after the committed keys.
+#[derive(Clone, Copy)]
+enum Rows<'a> {
+    /// Each row its own path in the tree (causal along it).
+    Tree(&'a TreeBatch),
+    /// A block of this many rows that all see each other (bidirectional, as a DFlash drafter's
+    /// block attends): every row sees the same keys, committed + the whole block.
+    Block(usize),
+}
+
+/// Tree attention for a bidirectional block: the `t` query rows `q` [t, n_heads, hd] each see
+/// the `committed` rows and all `t` rows of the block, whose K/V sit in the cache right after
+/// the committed rows. Otherwise as [`attention_tree`].
+#[allow(clippy::too_many_arguments)]
+pub fn attention_block<E: KvElem>(
+    q: &[f32],
+    k_cache: &[E],
+    v_cache: &[E],
+    layout: KvLayout,
+    committed: usize,
+    t: usize,
+    shape: AttnShape,
+    scale: f32,
+    out: &mut [f32],
+) {
+    attention_block_with(
+        AttnIsa::best(),
+        q,
+        k_cache,
+        v_cache,
+        layout,
+        committed,
+        t,
+        shape,
+        scale,
+        out,
+    )
+}
+
+/// [`attention_block`] on a chosen instruction set. Panics if the CPU lacks it.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_block_with<E: KvElem>(
+    isa: AttnIsa,
+    q: &[f32],
+    k_cache: &[E],
+    v_cache: &[E],
+    layout: KvLayout,
+    committed: usize,
+    t: usize,
+    shape: AttnShape,
+    scale: f32,
+    out: &mut [f32],
+) {
+    assert!(isa.is_supported(), "attention: this CPU lacks {isa:?}");
+    let args = (
+        q,
+        k_cache,
+        v_cache,
+        layout,
+        committed,
+        Rows::Block(t),
+        shape,
+        scale,
+        out,
+    );
+    match isa {
+        AttnIsa::Portable => run::<Portable, E>(args),
+        #[cfg(target_arch = "x86_64")]
+        AttnIsa::Avx2Fma => run::<Avx2Fma, E>(args),
+        #[cfg(target_arch = "x86_64")]
+        AttnIsa::Avx512 => run::<Avx512, E>(args),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("checked by is_supported"),
+    }
+}
 
 /// Query rows per task, for `per_kv` query rows of each of `n_kv` KV heads on `threads`
 /// threads: the size of smallest makespan, rounds of tasks times a task's cost. A task reads
@@ -422,14 +506,28 @@ fn rows_per_task(n_kv: usize, per_kv: usize, threads: usize) -> usize {
 /// query rows; each query row then adds its own path. The per-row arithmetic is that of
 /// [`lanes`] whatever the grouping, so the grouping may follow T and the thread count freely.
 fn run<L: Lanes, E: KvElem>(
-    (q, k_cache, v_cache, layout, committed, tree, shape, scale, out): Args<E>,
+    (q, k_cache, v_cache, layout, committed, pass_rows, shape, scale, out): Args<E>,
 ) {
     let AttnShape {
         n_heads,
         n_kv,
         head_dim: hd,
     } = shape;
-    let t = tree.len();
+    let t = match pass_rows {
+        Rows::Tree(tree) => tree.len(),
+        Rows::Block(t) => t,
+    };
+    // A row's path in the tree (root first, depth + 1 rows); a block row has none: the whole
+    // block is among the keys every row shares.
+    let path_len = |i: usize| match pass_rows {
+        Rows::Tree(tree) => tree.depth(i) as usize + 1,
+        Rows::Block(_) => 0,
+    };
+    // Keys every row sees in cache order before its path.
+    let shared_base = match pass_rows {
+        Rows::Tree(_) => committed,
+        Rows::Block(t) => committed + t,
+    };
     let group = n_heads / n_kv;
     // Elements between consecutive rows of one KV head, and between the heads' first rows
     // (of V, and of K in the row layouts), and the key tiles per head of the tile layout.
@@ -488,13 +586,14 @@ fn run<L: Lanes, E: KvElem>(
             acc.resize(n_q * 2 * hd, 0.0);
             // Each row's path (root first) into `paths[j·t..]`; its length is depth + 1.
             paths.resize(n_q * t, 0);
-            for j in 0..n_q {
-                let (i, _) = query(j);
-                let len = tree.depth(i) as usize + 1;
-                let mut node = i as i32;
-                for slot in paths[j * t..j * t + len].iter_mut().rev() {
-                    *slot = committed + node as usize;
-                    node = tree.parent(node as usize);
+            if let Rows::Tree(tree) = pass_rows {
+                for j in 0..n_q {
+                    let (i, _) = query(j);
+                    let mut node = i as i32;
+                    for slot in paths[j * t..j * t + path_len(i)].iter_mut().rev() {
+                        *slot = committed + node as usize;
+                        node = tree.parent(node as usize);
+                    }
                 }
             }
             let keys_of = |cache, j: usize| {
@@ -504,8 +603,8 @@ fn run<L: Lanes, E: KvElem>(
                     stride,
                     off: kvh * head_step,
                     hd,
-                    committed,
-                    path: &paths[j * t..j * t + tree.depth(i) as usize + 1],
+                    committed: shared_base,
+                    path: &paths[j * t..j * t + path_len(i)],
                 }
             };
             // The values every row of the task sees at the same place: the committed ones and,
@@ -514,10 +613,9 @@ fn run<L: Lanes, E: KvElem>(
             // They go through the shared multi-row kernel; a value's term is the same bits
             // whichever kernel takes it, so only the speed changes. (Prompt chunks of 256 rows
             // spent a fifth of the prefill on paths taken key by key.)
-            let shared_len = if tree.is_chain() {
-                committed + query(0).0 + 1
-            } else {
-                committed
+            let shared_len = match pass_rows {
+                Rows::Tree(tree) if tree.is_chain() => committed + query(0).0 + 1,
+                _ => shared_base,
             };
             let shared_keys = |cache| Keys {
                 cache,
@@ -550,17 +648,14 @@ fn run<L: Lanes, E: KvElem>(
                 let (i, _) = query(j);
                 let row = &mut scores[j * width..(j + 1) * width];
                 // In place: path position m is at committed + node ≥ committed + m.
-                for (m, &pos) in paths[j * t..j * t + tree.depth(i) as usize + 1]
-                    .iter()
-                    .enumerate()
-                {
+                for (m, &pos) in paths[j * t..j * t + path_len(i)].iter().enumerate() {
                     row[committed + m] = row[pos];
                 }
             }
             // Values: committed blocks shared, then each row's path; softmax weights first.
             let mut inv = [0.0f32; MAX_QUERIES];
             for (j, inv) in inv.iter_mut().enumerate().take(n_q) {
-                let n = committed + tree.depth(query(j).0) as usize + 1;
+                let n = shared_base + path_len(query(j).0);
                 let s = &mut scores[j * width..j * width + n];
                 *inv = 1.0 / L::exp_sum(s, L::max_of(s));
             }
@@ -936,6 +1031,69 @@ mod tests {
                 runs.iter().all(|r| r == &runs[0]),
                 "instruction sets disagree at hd {hd}"
             );
+        }
+    }
+
+    /// A bidirectional block (a DFlash drafter's pass): every row of the block equals, bit for
+    /// bit, the one-row pass of its query over the committed rows and the whole block laid out
+    /// as committed rows, is within f32 rounding of the f64 reference, and the key-tile layout
+    /// the CPU backend stores gives the row-major result bit for bit; on every instruction set.
+    #[test]
+    fn block_rows_see_the_whole_block() {
+        for (n_heads, n_kv, hd, committed, t) in [
+            (9, 3, 64, 37, 16),
+            (16, 4, 256, 64, 5),
+            (4, 2, 40, 5, 1),
+            (9, 3, 64, 0, 16),
+        ] {
+            let shape = AttnShape {
+                n_heads,
+                n_kv,
+                head_dim: hd,
+            };
+            let rows = committed + t;
+            let stride = n_kv * hd;
+            let (k, v) = (rand(rows * stride, 51), rand(rows * stride, 52));
+            let q = rand(t * n_heads * hd, 53);
+            let scale = 1.0 / (hd as f32).sqrt();
+            let capacity = rows + 7;
+            let per_head = capacity.div_ceil(KEY_TILE) * hd * KEY_TILE;
+            let mut kt = rand(n_kv * per_head, 54);
+            let mut vh = vec![0.0; n_kv * capacity * hd];
+            for r in 0..rows {
+                for kvh in 0..n_kv {
+                    let at = kvh * per_head + key_offset(hd, r);
+                    for d in 0..hd {
+                        kt[at + d * KEY_TILE] = k[(r * n_kv + kvh) * hd + d];
+                    }
+                    vh[(kvh * capacity + r) * hd..][..hd]
+                        .copy_from_slice(&v[(r * n_kv + kvh) * hd..][..hd]);
+                }
+            }
+            let one = TreeBatch::chain(1);
+            for isa in isas() {
+                let mut got = vec![0.0; q.len()];
+                let rm = KvLayout::RowMajor;
+                attention_block_with(isa, &q, &k, &v, rm, committed, t, shape, scale, &mut got);
+                let row = n_heads * hd;
+                for i in 0..t {
+                    let qi = &q[i * row..(i + 1) * row];
+                    let plain = row_major(isa, qi, &k, &v, rows - 1, &one, shape, scale);
+                    let got_i = &got[i * row..(i + 1) * row];
+                    assert_eq!(bits(got_i), bits(&plain), "{isa:?} hd {hd} row {i}");
+                    let mut want = vec![0.0; row];
+                    attention_reference(qi, &k, &v, rows - 1, &one, shape, scale, &mut want);
+                    // As the tree test: f32 sums of ≤ 80 terms against f64.
+                    let err = max_err(got_i, &want);
+                    assert!(err < 1e-5, "{isa:?} hd {hd} row {i}: max abs err {err}");
+                }
+                let tl = KvLayout::KeyTiles { capacity };
+                let mut tiled = vec![0.0; q.len()];
+                attention_block_with(
+                    isa, &q, &kt, &vh, tl, committed, t, shape, scale, &mut tiled,
+                );
+                assert_eq!(bits(&tiled), bits(&got), "{isa:?} hd {hd}: key tiles");
+            }
         }
     }
 }
