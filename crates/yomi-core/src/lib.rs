@@ -1,6 +1,7 @@
 //! yomi's shared vocabulary: the draft-tree batch every tree-aware op reads, and the
 //! reference sampling math (position-seeded Gumbel-max) that makes seeded runs reproducible.
 
+pub mod backend;
 pub mod sampling;
 pub mod shapes;
 pub mod tree;

@@ -6,10 +6,13 @@
 
 pub mod activation;
 pub mod attention;
+pub mod backend;
 pub mod conv;
 pub mod exp;
 pub mod gdn;
 pub mod isa_cap;
+pub mod kv_cache;
+pub mod layer_state;
 pub mod linear;
 pub mod norm;
 pub mod options;

@@ -10,7 +10,14 @@ use yomi_weights::Rope;
 /// Rotates every head (of `head_dim` values) in `x` with the table from [`Rope::cos_sin`].
 #[inline]
 pub fn apply(rope: &Rope, x: &mut [f32], head_dim: usize, cs: &[f32]) {
-    let half = rope.rot_dim / 2;
+    rotate(x, head_dim, rope.rot_dim, cs);
+}
+
+/// Rotates the first `rot_dim` values of every head (of `head_dim` values) in `x` by the
+/// row's table `cs` = [cos (rot_dim/2) | sin (rot_dim/2)].
+#[inline]
+pub fn rotate(x: &mut [f32], head_dim: usize, rot_dim: usize, cs: &[f32]) {
+    let half = rot_dim / 2;
     let (cos, sin) = cs.split_at(half);
     for head in x.chunks_exact_mut(head_dim) {
         for i in 0..half {

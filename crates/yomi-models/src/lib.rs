@@ -1,11 +1,12 @@
-//! yomi's models: configuration, weight loading (safetensors directories; GGUF) and the
-//! architectures, written once against the CPU op set, with the DESIGN §4 state contract.
+//! yomi's models: configuration, weight loading (safetensors directories; GGUF), the
+//! architectures written once over the backend op set (`yomi_core::backend`) with the pending →
+//! commit state contract, and the DFlash drafter.
 
 pub mod accel;
 pub mod config;
+pub mod dflash;
 pub mod gguf;
 pub mod gguf_source;
-pub mod kv_cache;
 pub mod loader;
 pub mod model;
 pub mod safetensors_dir;
@@ -14,6 +15,6 @@ pub mod state;
 
 pub use accel::{AccelState, Accelerator};
 pub use config::{Arch, ArchTraits, LayerKind, ModelConfig};
-pub use kv_cache::{KvDtype, KvRows};
 pub use model::{HiddenTaps, LogitRows, Model};
 pub use state::State;
+pub use yomi_cpu::kv_cache::{KvDtype, KvRows};

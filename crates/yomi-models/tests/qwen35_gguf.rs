@@ -5,11 +5,11 @@
 mod common;
 use common::*;
 use yomi_core::TreeBatch;
-use yomi_weights::{Matrix, WeightData};
 use yomi_models::gguf::GgufFile;
 use yomi_models::gguf_source::{GgufSource, config_from_gguf};
 use yomi_models::model::Mixer;
 use yomi_models::{LogitRows, Model, State};
+use yomi_weights::{Matrix, WeightData};
 
 fn load_gguf(file: &str) -> Model {
     let path = test_data("qwen35-tiny-gguf").join(file);
@@ -38,8 +38,8 @@ fn kind(d: &WeightData) -> &'static str {
 
 /// Every matrix of a model with a name, in load order.
 fn named_matrices(m: &Model) -> Vec<(String, &Matrix)> {
-    let mut v = vec![("embed".to_string(), &m.embed)];
-    if let Some(h) = &m.lm_head {
+    let mut v: Vec<(String, &Matrix)> = vec![("embed".to_string(), &m.embed)];
+    if let Some(h) = m.lm_head.as_deref() {
         v.push(("lm_head".into(), h));
     }
     for (i, l) in m.layers.iter().enumerate() {

@@ -5,12 +5,12 @@
 mod common;
 
 use anyhow::Result;
-use yomi_weights::{Matrix, Rope};
 use yomi_models::gguf::GgufFile;
 use yomi_models::gguf_source::{GgufSource, config_from_gguf};
 use yomi_models::loader::{load_hf_dir, load_hf_dir_into};
 use yomi_models::model::{Layer, Mixer, WeightSink};
 use yomi_models::{Model, ModelConfig};
+use yomi_weights::{Matrix, Rope};
 
 /// Every matrix of a layer, as f32 rows.
 fn layer_values(l: &Layer) -> Vec<Vec<f32>> {
@@ -71,7 +71,7 @@ fn check(plain: &Model, streamed: &Model, rec: &Recorder) {
         assert!(rec.layers[i] == layer_values(l), "layer {i}");
     }
     assert!(
-        rec.head == plain.lm_head.as_ref().map(values),
+        rec.head == plain.lm_head.as_deref().map(values),
         "the LM head"
     );
     assert!(streamed.host_matrices_released);

@@ -314,7 +314,7 @@ impl DevWeights {
             embed,
             layers,
             &model.final_norm,
-            model.lm_head.as_ref(),
+            model.lm_head.as_deref(),
             &model.rope,
         )?;
         progress(total, total);

@@ -1,10 +1,14 @@
-//! One model implementation for every supported architecture, written against the CPU op set:
-//! Qwen3.5 hybrids (Gated DeltaNet + gated attention) and the Llama family (Llama, Qwen2, Qwen3,
-//! SmolLM). Which pieces a layer has comes from [`ModelConfig`].
+//! Each architecture family written once over the backend op set (`yomi_core::backend`):
+//! `llama.rs` (Llama, SmolLM, Qwen2, Qwen3) and `qwen35.rs` (Qwen3.5/3.6 hybrids: Gated
+//! DeltaNet + gated attention), from the blocks of `blocks.rs`. Which pieces a layer has comes
+//! from [`crate::ModelConfig`]; `forward.rs` holds the model's passes and the commit.
 
+mod blocks;
 mod forward;
+mod llama;
+mod qwen35;
 mod weights;
 
-pub(crate) use forward::Scratch;
+pub(crate) use blocks::Scratch;
 pub use forward::{HiddenTaps, LogitRows};
 pub use weights::{AttnWeights, GdnWeights, Layer, Mixer, Mlp, Model, WeightSink};

@@ -1,74 +1,83 @@
 //! The weights of a model, validated for name and shape when they are loaded.
 
+use std::sync::Arc;
+
 use anyhow::{Context, Result};
+use yomi_core::backend::Backend;
+use yomi_cpu::backend::Cpu;
 use yomi_cpu::quant::Pack;
 use yomi_weights::{Matrix, Rope, WeightData};
 
 use crate::config::{Arch, LayerKind, ModelConfig};
 use crate::source::WeightSource;
 
-pub struct AttnWeights {
+// The layer weights are generic over the backend that holds them (`B::Linear` for a matrix in
+// the backend's layout, `B::Vector` for small f32 vectors); the default is the host CPU model
+// the loaders build.
+
+pub struct AttnWeights<B: Backend = Cpu> {
     /// [n_heads·hd·(2 if gated else 1), H]; with the output gate each head's rows are
     /// [query (hd) | gate (hd)].
-    pub q: Matrix,
-    pub k: Matrix,
-    pub v: Matrix,
-    pub o: Matrix,
-    pub q_bias: Option<Vec<f32>>,
-    pub k_bias: Option<Vec<f32>>,
-    pub v_bias: Option<Vec<f32>>,
-    pub o_bias: Option<Vec<f32>>,
+    pub q: B::Linear,
+    pub k: B::Linear,
+    pub v: B::Linear,
+    pub o: B::Linear,
+    pub q_bias: Option<B::Vector>,
+    pub k_bias: Option<B::Vector>,
+    pub v_bias: Option<B::Vector>,
+    pub o_bias: Option<B::Vector>,
     /// Effective per-head norm weights (hd), `1 + w` already applied where the model uses it.
-    pub q_norm: Option<Vec<f32>>,
-    pub k_norm: Option<Vec<f32>>,
+    pub q_norm: Option<B::Vector>,
+    pub k_norm: Option<B::Vector>,
 }
 
-pub struct GdnWeights {
+pub struct GdnWeights<B: Backend = Cpu> {
     /// [conv_dim, H]: rows are [q (Hk·dk) | k (Hk·dk) | v (Hv·dv)].
-    pub qkv: Matrix,
+    pub qkv: B::Linear,
     /// [Hv·dv, H]
-    pub z: Matrix,
+    pub z: B::Linear,
     /// [Hv, H]
-    pub b: Matrix,
+    pub b: B::Linear,
     /// [Hv, H]
-    pub a: Matrix,
+    pub a: B::Linear,
     /// [conv_dim, K]
-    pub conv: Vec<f32>,
+    pub conv: B::Vector,
     /// −exp(A_log), [Hv], f32.
-    pub neg_exp_a: Vec<f32>,
+    pub neg_exp_a: B::Vector,
     /// [Hv]
-    pub dt_bias: Vec<f32>,
+    pub dt_bias: B::Vector,
     /// Plain gated-norm weight [dv].
-    pub norm: Vec<f32>,
+    pub norm: B::Vector,
     /// [H, Hv·dv]
-    pub out: Matrix,
+    pub out: B::Linear,
 }
 
-pub enum Mixer {
-    Attention(AttnWeights),
-    Gdn(GdnWeights),
+pub enum Mixer<B: Backend = Cpu> {
+    Attention(AttnWeights<B>),
+    Gdn(GdnWeights<B>),
 }
 
-pub struct Mlp {
-    pub gate: Matrix,
-    pub up: Matrix,
-    pub down: Matrix,
+pub struct Mlp<B: Backend = Cpu> {
+    pub gate: B::Linear,
+    pub up: B::Linear,
+    pub down: B::Linear,
 }
 
-pub struct Layer {
-    pub input_norm: Vec<f32>,
-    pub post_norm: Vec<f32>,
-    pub mixer: Mixer,
-    pub mlp: Mlp,
+pub struct Layer<B: Backend = Cpu> {
+    pub input_norm: B::Vector,
+    pub post_norm: B::Vector,
+    pub mixer: Mixer<B>,
+    pub mlp: Mlp<B>,
 }
 
 pub struct Model {
     pub cfg: ModelConfig,
-    pub embed: Matrix,
+    /// Shared with drafters that read the target's embeddings (DFlash).
+    pub embed: Arc<Matrix>,
     pub layers: Vec<Layer>,
     pub final_norm: Vec<f32>,
     /// None when tied to the embedding.
-    pub lm_head: Option<Matrix>,
+    pub lm_head: Option<Arc<Matrix>>,
     pub rope: Rope,
     /// The device backend that runs the passes, if any (see [`crate::accel`]).
     pub accel: Option<std::sync::Arc<dyn crate::accel::Accelerator>>,
@@ -200,10 +209,10 @@ impl Model {
         progress(total, total);
         Ok(Model {
             cfg,
-            embed,
+            embed: Arc::new(embed),
             layers,
             final_norm,
-            lm_head,
+            lm_head: lm_head.map(Arc::new),
             rope,
             accel: None,
             host_matrices_released: streamed,
@@ -246,9 +255,10 @@ impl Model {
 
     /// Every weight matrix, mutably (for format conversions).
     pub fn matrices_mut(&mut self) -> Vec<&mut Matrix> {
-        let mut v: Vec<&mut Matrix> = vec![&mut self.embed];
+        // Before a drafter shares them (load-time conversions), `make_mut` borrows in place.
+        let mut v: Vec<&mut Matrix> = vec![Arc::make_mut(&mut self.embed)];
         if let Some(h) = self.lm_head.as_mut() {
-            v.push(h);
+            v.push(Arc::make_mut(h));
         }
         for l in &mut self.layers {
             v.extend(l.matrices_mut());

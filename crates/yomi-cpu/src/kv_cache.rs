@@ -6,8 +6,8 @@
 
 use std::ops::Range;
 
+use crate::attention::KvElem;
 use half::f16;
-use yomi_cpu::attention::KvElem;
 
 /// The element type of the CPU attention caches.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -29,13 +29,29 @@ impl KvDtype {
     }
 }
 
+/// A KV cache type name that is neither `f16` nor `f32`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownKvDtype(pub String);
+
+impl std::fmt::Display for UnknownKvDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "unknown KV cache type {:?} (expected f16 or f32)",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for UnknownKvDtype {}
+
 impl std::str::FromStr for KvDtype {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> anyhow::Result<Self> {
+    type Err = UnknownKvDtype;
+    fn from_str(s: &str) -> Result<Self, UnknownKvDtype> {
         match s.to_ascii_lowercase().as_str() {
             "f32" => Ok(KvDtype::F32),
             "f16" => Ok(KvDtype::F16),
-            _ => anyhow::bail!("unknown KV cache type {s:?} (expected f16 or f32)"),
+            _ => Err(UnknownKvDtype(s.to_string())),
         }
     }
 }

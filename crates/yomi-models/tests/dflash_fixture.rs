@@ -1,0 +1,142 @@
+//! The DFlash drafter against z-lab's reference implementation (`dflash` 0.1.0, float32), on
+//! the random-weight drafter in tests/data/dflash-tiny for the qwen35-tiny target (see its
+//! README). Tolerance 1e-4 max abs on logits (std ≈ 3), as for the target's own fixtures: the
+//! generator measured its independent torch forward 1.1e-5 from the package and the cached
+//! context path 7.7e-6 from an uncached one.
+
+mod common;
+use common::*;
+use yomi_core::TreeBatch;
+use yomi_cpu::backend::Cpu;
+use yomi_models::Model;
+use yomi_models::dflash::{DFlash, TargetIo};
+use yomi_models::{HiddenTaps, LogitRows, State};
+
+/// The target's embedding and LM head, as the drafter reads them.
+fn io(m: &Model) -> TargetIo<'_> {
+    TargetIo {
+        embed: &*m.embed,
+        head: m.lm_head.as_deref().unwrap_or(&m.embed),
+    }
+}
+
+fn drafter_dir() -> std::path::PathBuf {
+    repo_root().join("crates/yomi-models/tests/data/dflash-tiny")
+}
+
+/// Features as the drafter reads them: its points' rows, concatenated per row.
+fn concat_rows(taps: &HiddenTaps, points: &[usize], width: usize, rows: usize) -> Vec<f32> {
+    let mut out = Vec::new();
+    for r in 0..rows {
+        for &p in points {
+            let h = taps.get(p).expect("tapped");
+            out.extend_from_slice(&h[r * width..(r + 1) * width]);
+        }
+    }
+    out
+}
+
+#[test]
+fn dflash_tiny_matches_the_reference() {
+    let target = load(&shared_fixture("qwen35-tiny"));
+    let r = Reference::open(drafter_dir().join("reference.safetensors"));
+    let d = DFlash::load(
+        &drafter_dir(),
+        target.cfg.hidden_size,
+        target.cfg.vocab_size,
+    )
+    .unwrap();
+    assert_eq!(d.cfg.hidden_points(), vec![1, 3]);
+    let mut st = d.new_state(&Cpu, 64);
+    let mut logits = Vec::new();
+
+    d.add_context(&Cpu, &mut st, 0, 40, r.f("features"))
+        .unwrap();
+    d.draft(
+        &Cpu,
+        &mut st,
+        io(&target),
+        r.ids("anchor")[0],
+        40,
+        &mut logits,
+    )
+    .unwrap();
+    let err = max_abs_diff(&logits, r.f("draft_logits"));
+    assert!(err < 1e-4, "block 1: max abs err {err}");
+
+    // More context through the kept rows, then a block at the new length.
+    d.add_context(&Cpu, &mut st, 40, 6, r.f("features2"))
+        .unwrap();
+    d.draft(
+        &Cpu,
+        &mut st,
+        io(&target),
+        r.ids("anchor2")[0],
+        46,
+        &mut logits,
+    )
+    .unwrap();
+    let err = max_abs_diff(&logits, r.f("draft_logits2"));
+    assert!(err < 1e-4, "block 2: max abs err {err}");
+}
+
+/// The features yomi's own target pass taps give the same drafts: the drafter needs nothing
+/// from outside the engine.
+#[test]
+fn dflash_tiny_from_the_targets_own_taps() {
+    let target = load(&shared_fixture("qwen35-tiny"));
+    let r = Reference::open(drafter_dir().join("reference.safetensors"));
+    let d = DFlash::load(
+        &drafter_dir(),
+        target.cfg.hidden_size,
+        target.cfg.vocab_size,
+    )
+    .unwrap();
+    let points = d.cfg.hidden_points();
+    let prompt = r.ids("context_ids");
+    let mut st = State::new(&target.cfg, 64, yomi_models::KvDtype::F32);
+    let mut taps = HiddenTaps::new(points.iter().copied());
+    let mut logits = Vec::new();
+    target
+        .forward_with(
+            &mut st,
+            &prompt,
+            &TreeBatch::chain(prompt.len()),
+            LogitRows::None,
+            &mut logits,
+            Some(&mut taps),
+        )
+        .unwrap();
+    let features = concat_rows(&taps, &points, target.cfg.hidden_size, prompt.len());
+    assert!(max_abs_diff(&features, r.f("features")) < 1e-4);
+    let mut ds = d.new_state(&Cpu, 64);
+    d.add_context(&Cpu, &mut ds, 0, prompt.len(), &features)
+        .unwrap();
+    d.draft(
+        &Cpu,
+        &mut ds,
+        io(&target),
+        r.ids("anchor")[0],
+        40,
+        &mut logits,
+    )
+    .unwrap();
+    let err = max_abs_diff(&logits, r.f("draft_logits"));
+    assert!(err < 1e-4, "max abs err {err}");
+}
+
+#[test]
+fn a_drafter_for_another_target_is_refused() {
+    let e = DFlash::load(&drafter_dir(), 576, 512)
+        .err()
+        .expect("wrong width");
+    assert!(e.to_string().contains("hidden size"), "{e}");
+    let e = DFlash::load(&drafter_dir(), 128, 49152)
+        .err()
+        .expect("wrong vocab");
+    assert!(e.to_string().contains("vocabulary"), "{e}");
+    let e = DFlash::load(&shared_fixture("qwen35-tiny"), 128, 512)
+        .err()
+        .expect("not a drafter");
+    assert!(format!("{e:#}").contains("DFlashDraftModel"), "{e:#}");
+}
