@@ -145,7 +145,8 @@ fn short_stats(s: &GenerationStats, cached: usize) -> String {
 
 pub fn run(a: ChatArgs, settings: &Settings) -> Result<()> {
     let draft = a.drafting.draft;
-    let engine = load_engine(&a.model, settings)?;
+    let mut engine = load_engine(&a.model, settings)?;
+    a.drafting.attach(&mut engine)?;
     let Some(template) = engine.template.clone() else {
         bail!(
             "{} has no chat template, so it cannot chat (try `yomi run --raw`)",

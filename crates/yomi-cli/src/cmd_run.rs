@@ -49,7 +49,8 @@ pub fn run(a: RunArgs, settings: &Settings) -> Result<()> {
     // Before loading the model (generate checks it again).
     validate_stop(&a.stop).map_err(|e| anyhow!("--stop: {e}"))?;
     let stats = StatsRecorder::start();
-    let engine = load_engine(&a.model, settings)?;
+    let mut engine = load_engine(&a.model, settings)?;
+    a.drafting.attach(&mut engine)?;
     // Stats count from request arrival; loading the model is not part of the request.
     let stats = {
         drop(stats);

@@ -90,7 +90,8 @@ pub fn run(mut a: ServeArgs, settings: &Settings) -> Result<()> {
     }
     // Bind before loading the model: a taken port fails at once.
     let bound = yomi_server::bind(&a.host, a.port)?;
-    let engine = load_engine(&a.model, settings)?;
+    let mut engine = load_engine(&a.model, settings)?;
+    a.drafting.attach(&mut engine)?;
     let name = a
         .served_model_name
         .clone()

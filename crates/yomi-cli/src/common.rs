@@ -5,6 +5,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 use yomi_core::SamplerParams;
+use yomi_engine::dflash_drafter::DraftShape;
 use yomi_engine::generate::{DEFAULT_DRAFT_BUDGET, DraftMode, MAX_DRAFT_BUDGET};
 use yomi_engine::template::GenerationDefaults;
 use yomi_engine::{Engine, EngineOptions};
@@ -167,13 +168,36 @@ impl SamplingArgs {
 /// Speculative-decoding flags shared by `run`, `chat` and `serve`.
 #[derive(Args, Clone, Debug)]
 pub struct DraftArgs {
-    /// Speculative drafter: `suffix` (model-free, backs off when it does not pay) or `none`.
-    /// Lossless either way: the output is the same token for token.
+    /// Speculative drafter: `suffix` (model-free, backs off when it does not pay), `dflash` (a
+    /// trained DFlash drafter, `--draft-model DIR`; CPU only for now) or `none`. Lossless
+    /// whichever: the output is the same token for token.
     #[arg(long, default_value = "suffix", value_name = "MODE", value_parser = clap::value_parser!(DraftMode))]
     pub draft: DraftMode,
     /// Most draft tokens verified per pass (1..=64).
     #[arg(long, default_value_t = DEFAULT_DRAFT_BUDGET, value_name = "N", value_parser = parse_draft_budget)]
     pub draft_budget: usize,
+    /// The DFlash drafter for `--draft dflash`: a directory in z-lab's format (config.json with
+    /// `DFlashDraftModel`, model.safetensors), trained for this model.
+    #[arg(long, value_name = "DIR")]
+    pub draft_model: Option<PathBuf>,
+    /// How a DFlash block becomes a draft: `tree` (best-first over each position's top
+    /// candidates, sized by the measured cost of verifying rows) or `chain`.
+    #[arg(long, default_value = "tree", value_name = "SHAPE", value_parser = clap::value_parser!(DraftShape))]
+    pub draft_tree: DraftShape,
+}
+
+impl DraftArgs {
+    /// Attaches the drafter model the flags name (DFlash) to the engine.
+    pub fn attach(&self, engine: &mut Engine) -> Result<()> {
+        match (self.draft, &self.draft_model) {
+            (DraftMode::DFlash, Some(dir)) => engine.attach_dflash(dir, self.draft_tree),
+            (DraftMode::DFlash, None) => {
+                anyhow::bail!("--draft dflash needs the drafter's directory: --draft-model DIR")
+            }
+            (_, Some(_)) => anyhow::bail!("--draft-model is for --draft dflash"),
+            (_, None) => Ok(()),
+        }
+    }
 }
 
 fn parse_draft_budget(s: &str) -> Result<usize, String> {

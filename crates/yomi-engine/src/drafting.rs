@@ -3,10 +3,15 @@
 //! drafter is added in this file and its own module only.
 
 use std::fmt;
+use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
 
+use anyhow::{Context, Result, bail};
+use yomi_models::dflash::DFlash;
 use yomi_spec::{Drafter, SuffixDrafter};
 
+use crate::dflash_drafter::{DFlashDrafter, DFlashSetup, DraftShape};
 use crate::engine::Engine;
 
 /// Which drafter proposes the tokens each pass verifies.
@@ -17,6 +22,8 @@ pub enum DraftMode {
     None,
     /// Model-free suffix matching over the prompt and output ([`SuffixDrafter`]).
     Suffix,
+    /// A DFlash drafter attached with [`Engine::attach_dflash`] (one block pass per round).
+    DFlash,
 }
 
 impl FromStr for DraftMode {
@@ -25,8 +32,9 @@ impl FromStr for DraftMode {
         match s {
             "none" => Ok(DraftMode::None),
             "suffix" => Ok(DraftMode::Suffix),
+            "dflash" => Ok(DraftMode::DFlash),
             _ => Err(format!(
-                "unknown draft mode {s:?} (expected none or suffix)"
+                "unknown draft mode {s:?} (expected none, suffix or dflash)"
             )),
         }
     }
@@ -37,6 +45,7 @@ impl fmt::Display for DraftMode {
         f.write_str(match self {
             DraftMode::None => "none",
             DraftMode::Suffix => "suffix",
+            DraftMode::DFlash => "dflash",
         })
     }
 }
@@ -45,10 +54,44 @@ impl Engine {
     /// A fresh drafter of kind `mode` for this engine's model, or `None` for plain decoding.
     /// Callers that serve many requests keep it between them (a suffix drafter learns from
     /// earlier outputs) and make a new one when [`Drafter::history_tokens`] grows too large.
+    /// DFlash without an attached drafter drafts nothing (plain decoding); the CLI and the
+    /// server refuse that combination before they get here.
     pub fn new_drafter(&self, mode: DraftMode) -> Option<Box<dyn Drafter>> {
         match mode {
             DraftMode::None => None,
             DraftMode::Suffix => Some(Box::new(SuffixDrafter::default())),
+            DraftMode::DFlash => self
+                .dflash
+                .as_ref()
+                .map(|s| Box::new(DFlashDrafter::new(s.clone())) as Box<dyn Drafter>),
         }
+    }
+
+    /// Loads the DFlash drafter in `dir` (z-lab's checkpoint format) for this engine's model:
+    /// `--draft dflash` then drafts with it, as a `shape` of draft.
+    pub fn attach_dflash(&mut self, dir: &Path, shape: DraftShape) -> Result<()> {
+        let m = &self.model;
+        if m.host_matrices_released || m.accel.is_some() {
+            bail!("DFlash drafting runs on the CPU backend for now: use --device cpu");
+        }
+        let model = DFlash::load(dir, m.cfg.hidden_size, m.cfg.vocab_size)
+            .with_context(|| format!("cannot load the DFlash drafter in {}", dir.display()))?;
+        let points = model.cfg.hidden_points();
+        if let Some(&p) = points.iter().find(|&&p| p > m.cfg.num_layers) {
+            bail!(
+                "the DFlash drafter reads target layer {} but the model has {} layers",
+                p - 1,
+                m.cfg.num_layers
+            );
+        }
+        let head = m.lm_head.clone().unwrap_or_else(|| m.embed.clone());
+        self.dflash = Some(Arc::new(DFlashSetup {
+            model,
+            embed: m.embed.clone(),
+            head,
+            shape,
+            context: self.context_size,
+        }));
+        Ok(())
     }
 }

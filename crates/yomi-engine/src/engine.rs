@@ -80,6 +80,8 @@ pub struct Engine {
     pub(crate) pass_trace: bool,
     /// The verify-pass cost fit, carried from request to request ([`yomi_spec::PassCost`]).
     pub(crate) pass_cost: std::sync::Mutex<yomi_spec::PassCost>,
+    /// The DFlash drafter attached with [`Engine::attach_dflash`], if any.
+    pub(crate) dflash: Option<std::sync::Arc<crate::dflash_drafter::DFlashSetup>>,
 }
 
 impl Engine {
@@ -160,6 +162,7 @@ impl Engine {
             pass_threads_fixed: opts.pass_threads,
             pass_trace: opts.pass_trace,
             pass_cost: std::sync::Mutex::new(Default::default()),
+            dflash: None,
         })
     }
 

@@ -1,6 +1,7 @@
 //! yomi's sessions: tokenizer, chat template, sampling parameters, the generate loop and its
 //! stats (DESIGN §2, §8).
 
+pub mod dflash_drafter;
 pub mod drafting;
 pub mod engine;
 pub mod generate;
