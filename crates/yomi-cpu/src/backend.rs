@@ -59,6 +59,59 @@ fn many_add_norm<const N: usize>(
     linear_many_add_norm(input, t, ws, &bs, &mut os);
 }
 
+/// Which rows a pass's queries see after the committed ones.
+#[derive(Clone, Copy)]
+enum Rows<'a> {
+    /// Each row its path in the tree.
+    Tree(&'a TreeBatch),
+    /// The whole block (bidirectional).
+    Block,
+}
+
+/// Writes the pass's `k`, `v` after the `committed` rows of `cache` and runs the attention
+/// kernel of `rows` on the cache's element type: `o` [t, n_heads, hd].
+fn attend(
+    cache: &mut AttnCache,
+    committed: usize,
+    t: usize,
+    rows: Rows<'_>,
+    heads: AttnHeads,
+    [q, k, v]: [&Vec<f32>; 3],
+    o: &mut Vec<f32>,
+) {
+    let AttnHeads {
+        n_heads,
+        n_kv,
+        head_dim,
+    } = heads;
+    let kv = t * n_kv * head_dim;
+    cache.write_rows(committed, &k[..kv], &v[..kv]);
+    let layout = cache.layout();
+    let q = &q[..t * n_heads * head_dim];
+    let o = sized(o, t * n_heads * head_dim);
+    let shape = AttnShape {
+        n_heads,
+        n_kv,
+        head_dim,
+    };
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    macro_rules! run {
+        ($k:expr, $v:expr) => {
+            match rows {
+                Rows::Tree(tree) => {
+                    attention_tree(q, $k, $v, layout, committed, tree, shape, scale, o)
+                }
+                Rows::Block => attention_block(q, $k, $v, layout, committed, t, shape, scale, o),
+            }
+        };
+    }
+    match (&cache.k, &cache.v) {
+        (KvRows::F32(k), KvRows::F32(v)) => run!(k, v),
+        (KvRows::F16(k), KvRows::F16(v)) => run!(k, v),
+        _ => unreachable!("AttnCache::new makes K and V caches of one element type"),
+    }
+}
+
 impl Backend for Cpu {
     type Buf = Vec<f32>;
     type Linear = Matrix;
@@ -248,32 +301,8 @@ impl Backend for Cpu {
         v: &Vec<f32>,
         o: &mut Vec<f32>,
     ) {
-        let t = tree.len();
-        let AttnHeads {
-            n_heads,
-            n_kv,
-            head_dim,
-        } = heads;
-        let kv = t * n_kv * head_dim;
-        cache.write_rows(committed, &k[..kv], &v[..kv]);
-        let layout = cache.layout();
-        let q = &q[..t * n_heads * head_dim];
-        let o = sized(o, t * n_heads * head_dim);
-        let shape = AttnShape {
-            n_heads,
-            n_kv,
-            head_dim,
-        };
-        let scale = 1.0 / (head_dim as f32).sqrt();
-        match (&cache.k, &cache.v) {
-            (KvRows::F32(k), KvRows::F32(v)) => {
-                attention_tree(q, k, v, layout, committed, tree, shape, scale, o)
-            }
-            (KvRows::F16(k), KvRows::F16(v)) => {
-                attention_tree(q, k, v, layout, committed, tree, shape, scale, o)
-            }
-            _ => unreachable!("AttnCache::new makes K and V caches of one element type"),
-        }
+        let rows = Rows::Tree(tree);
+        attend(cache, committed, tree.len(), rows, heads, [q, k, v], o);
     }
 
     fn new_kv_cache(&self, heads: AttnHeads, capacity: usize) -> AttnCache {
@@ -305,31 +334,7 @@ impl Backend for Cpu {
         v: &Vec<f32>,
         o: &mut Vec<f32>,
     ) {
-        let AttnHeads {
-            n_heads,
-            n_kv,
-            head_dim,
-        } = heads;
-        let kv = t * n_kv * head_dim;
-        cache.write_rows(committed, &k[..kv], &v[..kv]);
-        let layout = cache.layout();
-        let q = &q[..t * n_heads * head_dim];
-        let o = sized(o, t * n_heads * head_dim);
-        let shape = AttnShape {
-            n_heads,
-            n_kv,
-            head_dim,
-        };
-        let scale = 1.0 / (head_dim as f32).sqrt();
-        match (&cache.k, &cache.v) {
-            (KvRows::F32(k), KvRows::F32(v)) => {
-                attention_block(q, k, v, layout, committed, t, shape, scale, o)
-            }
-            (KvRows::F16(k), KvRows::F16(v)) => {
-                attention_block(q, k, v, layout, committed, t, shape, scale, o)
-            }
-            _ => unreachable!("AttnCache::new makes K and V caches of one element type"),
-        }
+        attend(cache, committed, t, Rows::Block, heads, [q, k, v], o);
     }
 
     fn scale_inplace(&self, x: &mut Vec<f32>, n: usize, s: f32) {

@@ -369,7 +369,6 @@ pub fn attention_tree_with<E: KvElem>(
     scale: f32,
     out: &mut [f32],
 ) {
-    assert!(isa.is_supported(), "attention: this CPU lacks {isa:?}");
     let args = (
         q,
         k_cache,
@@ -381,15 +380,7 @@ pub fn attention_tree_with<E: KvElem>(
         scale,
         out,
     );
-    match isa {
-        AttnIsa::Portable => run::<Portable, E>(args),
-        #[cfg(target_arch = "x86_64")]
-        AttnIsa::Avx2Fma => run::<Avx2Fma, E>(args),
-        #[cfg(target_arch = "x86_64")]
-        AttnIsa::Avx512 => run::<Avx512, E>(args),
-        #[cfg(not(target_arch = "x86_64"))]
-        _ => unreachable!("checked by is_supported"),
-    }
+    run_on(isa, args)
 }
 
 type Args<'a, E> = (
@@ -403,6 +394,20 @@ type Args<'a, E> = (
     f32,
     &'a mut [f32],
 );
+
+/// [`run`] on the lanes of `isa`.
+fn run_on<E: KvElem>(isa: AttnIsa, args: Args<'_, E>) {
+    assert!(isa.is_supported(), "attention: this CPU lacks {isa:?}");
+    match isa {
+        AttnIsa::Portable => run::<Portable, E>(args),
+        #[cfg(target_arch = "x86_64")]
+        AttnIsa::Avx2Fma => run::<Avx2Fma, E>(args),
+        #[cfg(target_arch = "x86_64")]
+        AttnIsa::Avx512 => run::<Avx512, E>(args),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("checked by is_supported"),
+    }
+}
 
 /// What the query rows of a pass see after the committed keys.
 #[derive(Clone, Copy)]
@@ -457,7 +462,6 @@ pub fn attention_block_with<E: KvElem>(
     scale: f32,
     out: &mut [f32],
 ) {
-    assert!(isa.is_supported(), "attention: this CPU lacks {isa:?}");
     let args = (
         q,
         k_cache,
@@ -469,15 +473,7 @@ pub fn attention_block_with<E: KvElem>(
         scale,
         out,
     );
-    match isa {
-        AttnIsa::Portable => run::<Portable, E>(args),
-        #[cfg(target_arch = "x86_64")]
-        AttnIsa::Avx2Fma => run::<Avx2Fma, E>(args),
-        #[cfg(target_arch = "x86_64")]
-        AttnIsa::Avx512 => run::<Avx512, E>(args),
-        #[cfg(not(target_arch = "x86_64"))]
-        _ => unreachable!("checked by is_supported"),
-    }
+    run_on(isa, args)
 }
 
 /// Query rows per task, for `per_kv` query rows of each of `n_kv` KV heads on `threads`
