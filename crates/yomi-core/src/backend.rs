@@ -12,6 +12,12 @@
 //!   default that is the composition of the plain ops; a backend overrides the ones it fuses,
 //!   and must give the same values as the composition (bit for bit on the CPU, where the fused
 //!   forms are tested against it).
+//! - A pass's per-row inputs (token ids, positions, tree, committed length, rotary values) are
+//!   set once before it ([`Backend::set_rows`]) where the backend's row ops read them, so that
+//!   a pass itself moves nothing between host and device (a GPU backend can capture and replay
+//!   it).
+//! - Ops cannot fail on the CPU; a device backend that meets an error keeps the first one and
+//!   skips the ops after it, and its executor reports it when the pass ends.
 //! - A pass leaves rows **pending**: attention writes K/V after the committed rows, the gated
 //!   delta rule keeps what a commit needs; nothing committed changes until the commit ops.
 
@@ -39,6 +45,26 @@ pub struct GdnParams<'a, B: Backend + ?Sized> {
     pub dt_bias: &'a B::Vector,
 }
 
+/// How a backend that takes rotary values from the host fills them: `cos_sin(pos, row)` writes
+/// position `pos`'s `[cos (rot_dim/2) | sin (rot_dim/2)]` into `row`.
+pub struct RotaryFill<'a> {
+    pub rot_dim: usize,
+    pub cos_sin: &'a dyn Fn(usize, &mut [f32]),
+}
+
+/// A layer's attention core after its input projections: Qwen3-style q/k norms (per head),
+/// NeoX RoPE on the first `rot_dim` values of each head, tree attention over the cache and,
+/// with `gated`, Qwen3.5's per-head sigmoid output gate (its query projection then holds each
+/// head's query and gate side by side).
+pub struct AttnCore<'a, B: Backend + ?Sized> {
+    pub heads: AttnHeads,
+    pub rot_dim: usize,
+    pub eps: f32,
+    pub q_norm: Option<&'a B::Vector>,
+    pub k_norm: Option<&'a B::Vector>,
+    pub gated: bool,
+}
+
 /// The backend op set. See the module header for the conventions.
 pub trait Backend {
     /// Rows of f32 activations.
@@ -51,12 +77,30 @@ pub trait Backend {
     type KvCache;
     /// One gated-delta-rule layer's recurrent state, conv state and pending rows.
     type GdnState;
+    /// A pass's per-row inputs, where the row ops read them.
+    type Rows: Default;
 
     /// A weight matrix's (out, in) sizes.
     fn linear_dims(&self, w: &Self::Linear) -> (usize, usize);
 
     /// A vector's length.
     fn vector_len(&self, v: &Self::Vector) -> usize;
+
+    /// Sets the per-row inputs of a pass of `tokens` hung as `tree` after `committed` rows: the
+    /// ids, each row's position (committed + depth) and path, and, when the model has
+    /// attention, what its rotary embedding reads (`rotary`, for backends that take the
+    /// values from the host; others compute them from the positions).
+    fn set_rows(
+        &self,
+        rows: &mut Self::Rows,
+        tokens: &[u32],
+        tree: &TreeBatch,
+        committed: usize,
+        rotary: Option<RotaryFill<'_>>,
+    );
+
+    /// `out[i] = table[id of row i]`, [t, cols], for the rows [`Backend::set_rows`] set.
+    fn embed_rows(&self, table: &Self::Linear, rows: &Self::Rows, out: &mut Self::Buf);
 
     /// `out[i] = table[tokens[i]]`, [t, cols].
     fn embed(&self, table: &Self::Linear, tokens: &[u32], out: &mut Self::Buf);
@@ -164,6 +208,36 @@ pub trait Backend {
         self.linear(gate, t, down, None, y);
     }
 
+    /// The SwiGLU MLP with its residual step and norm: [`Backend::add_norm_linears`] into
+    /// `g`, `u` by `gate`, `up`, then [`Backend::swiglu_linear`] by `down` into `z`.
+    #[allow(clippy::too_many_arguments)]
+    fn add_norm_mlp(
+        &self,
+        h: &mut Self::Buf,
+        add: Option<&Self::Buf>,
+        norm: &Self::Vector,
+        eps: f32,
+        t: usize,
+        x: &mut Self::Buf,
+        [gate, up, down]: [&Self::Linear; 3],
+        g: &mut Self::Buf,
+        u: &mut Self::Buf,
+        z: &mut Self::Buf,
+    ) {
+        self.add_norm_linears(
+            h,
+            add,
+            norm,
+            eps,
+            t,
+            x,
+            &[gate, up],
+            &[None, None],
+            &mut [&mut *g, &mut *u],
+        );
+        self.swiglu_linear(g, u, t, down, z);
+    }
+
     /// Splits `rows` head rows of `[query (hd) | gate (hd)]` into `q` and `gate`, each [rows, hd]
     /// (Qwen3.5's gated attention stores each head's query and output gate side by side).
     fn split_query_gate(
@@ -204,6 +278,25 @@ pub trait Backend {
         q: &Self::Buf,
         k: &Self::Buf,
         v: &Self::Buf,
+        o: &mut Self::Buf,
+    );
+
+    /// The attention core of a pass over the rows [`Backend::set_rows`] set (see [`AttnCore`]):
+    /// from the projected `qg` [t, n_heads, hd] (gated: [t, n_heads, 2·hd], each head's query
+    /// then its gate), `k`, `v` [t, n_kv, hd], writes K/V after the committed rows and leaves
+    /// the (gated) attention output in `o` [t, n_heads, hd]. `qg`, `k`, `q` and `gate` may be
+    /// overwritten (q/k normed and rotated in place, or the split query and gate).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_core(
+        &self,
+        cache: &mut Self::KvCache,
+        rows: &Self::Rows,
+        c: AttnCore<'_, Self>,
+        qg: &mut Self::Buf,
+        k: &mut Self::Buf,
+        v: &Self::Buf,
+        q: &mut Self::Buf,
+        gate: &mut Self::Buf,
         o: &mut Self::Buf,
     );
 
@@ -250,13 +343,14 @@ pub trait Backend {
     /// `qkv` [t, conv_dim] along each row's tree path (SiLU), the split into q, k, v with l2
     /// norms and q scaled by 1/√dk, the decay `g = −exp(A_log) · softplus(a + dt_bias)` and
     /// `β = sigmoid(b)` from `b`, `a` [t, Hv], and the delta rule from the committed state:
-    /// `o` [t, Hv·dv]. The rows stay pending in `state`; `scratch` is backend working space.
+    /// `o` [t, Hv·dv]. The rows ([`Backend::set_rows`]) stay pending in `state`; `scratch` is
+    /// backend working space.
     #[allow(clippy::too_many_arguments)]
     fn gated_delta_rule(
         &self,
         state: &mut Self::GdnState,
         p: GdnParams<'_, Self>,
-        tree: &TreeBatch,
+        rows: &Self::Rows,
         qkv: &mut Self::Buf,
         b: &Self::Buf,
         a: &Self::Buf,

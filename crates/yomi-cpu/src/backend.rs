@@ -4,7 +4,7 @@
 //! its module; the fused forms (add + norm inside the next linears' loops, SwiGLU inside the
 //! down projection's) are bitwise the composition the trait's defaults spell out.
 
-use yomi_core::backend::{AttnHeads, Backend, GdnParams};
+use yomi_core::backend::{AttnCore, AttnHeads, Backend, GdnParams, RotaryFill};
 use yomi_core::{GdnShape, TreeBatch};
 
 use crate::activation::{sigmoid, softplus, swiglu};
@@ -61,7 +61,7 @@ fn many_add_norm<const N: usize>(
 
 /// Which rows a pass's queries see after the committed ones.
 #[derive(Clone, Copy)]
-enum Rows<'a> {
+enum Seen<'a> {
     /// Each row its path in the tree.
     Tree(&'a TreeBatch),
     /// The whole block (bidirectional).
@@ -74,7 +74,7 @@ fn attend(
     cache: &mut AttnCache,
     committed: usize,
     t: usize,
-    rows: Rows<'_>,
+    rows: Seen<'_>,
     heads: AttnHeads,
     [q, k, v]: [&Vec<f32>; 3],
     o: &mut Vec<f32>,
@@ -98,10 +98,10 @@ fn attend(
     macro_rules! run {
         ($k:expr, $v:expr) => {
             match rows {
-                Rows::Tree(tree) => {
+                Seen::Tree(tree) => {
                     attention_tree(q, $k, $v, layout, committed, tree, shape, scale, o)
                 }
-                Rows::Block => attention_block(q, $k, $v, layout, committed, t, shape, scale, o),
+                Seen::Block => attention_block(q, $k, $v, layout, committed, t, shape, scale, o),
             }
         };
     }
@@ -112,12 +112,34 @@ fn attend(
     }
 }
 
+/// A pass's per-row inputs on the CPU: the host values the row ops read.
+#[derive(Clone, Debug)]
+pub struct PassRows {
+    pub tokens: Vec<u32>,
+    pub tree: TreeBatch,
+    pub committed: usize,
+    /// The rows' rotary `[cos | sin]` [t, rot_dim] (empty without attention).
+    pub cos_sin: Vec<f32>,
+}
+
+impl Default for PassRows {
+    fn default() -> Self {
+        PassRows {
+            tokens: Vec::new(),
+            tree: TreeBatch::chain(0),
+            committed: 0,
+            cos_sin: Vec::new(),
+        }
+    }
+}
+
 impl Backend for Cpu {
     type Buf = Vec<f32>;
     type Linear = Matrix;
     type Vector = Vec<f32>;
     type KvCache = AttnCache;
     type GdnState = GdnState;
+    type Rows = PassRows;
 
     fn linear_dims(&self, w: &Matrix) -> (usize, usize) {
         (w.rows, w.cols)
@@ -125,6 +147,31 @@ impl Backend for Cpu {
 
     fn vector_len(&self, v: &Vec<f32>) -> usize {
         v.len()
+    }
+
+    fn set_rows(
+        &self,
+        rows: &mut PassRows,
+        tokens: &[u32],
+        tree: &TreeBatch,
+        committed: usize,
+        rotary: Option<RotaryFill<'_>>,
+    ) {
+        rows.tokens.clear();
+        rows.tokens.extend_from_slice(tokens);
+        rows.tree.copy_from(tree);
+        rows.committed = committed;
+        rows.cos_sin.clear();
+        if let Some(r) = rotary {
+            rows.cos_sin.resize(tokens.len() * r.rot_dim, 0.0);
+            for (i, row) in rows.cos_sin.chunks_exact_mut(r.rot_dim).enumerate() {
+                (r.cos_sin)(committed + tree.depth(i) as usize, row);
+            }
+        }
+    }
+
+    fn embed_rows(&self, table: &Matrix, rows: &PassRows, out: &mut Vec<f32>) {
+        self.embed(table, &rows.tokens, out);
     }
 
     fn embed(&self, table: &Matrix, tokens: &[u32], out: &mut Vec<f32>) {
@@ -226,7 +273,8 @@ impl Backend for Cpu {
         match ws.len() {
             2 => many_add_norm::<2>(input, t, ws, biases, outs),
             3 => many_add_norm::<3>(input, t, ws, biases, outs),
-            n => panic!("add_norm_linears: {n} weights (a block has 2 or 3 input projections)"),
+            4 => many_add_norm::<4>(input, t, ws, biases, outs),
+            n => panic!("add_norm_linears: {n} weights (a block has 2 to 4 input projections)"),
         }
     }
 
@@ -301,8 +349,46 @@ impl Backend for Cpu {
         v: &Vec<f32>,
         o: &mut Vec<f32>,
     ) {
-        let rows = Rows::Tree(tree);
+        let rows = Seen::Tree(tree);
         attend(cache, committed, tree.len(), rows, heads, [q, k, v], o);
+    }
+
+    fn attention_core(
+        &self,
+        cache: &mut AttnCache,
+        rows: &PassRows,
+        c: AttnCore<'_, Self>,
+        qg: &mut Vec<f32>,
+        k: &mut Vec<f32>,
+        v: &Vec<f32>,
+        q: &mut Vec<f32>,
+        gate: &mut Vec<f32>,
+        o: &mut Vec<f32>,
+    ) {
+        let t = rows.tokens.len();
+        let AttnHeads {
+            n_heads: nh,
+            n_kv: nkv,
+            head_dim: hd,
+        } = c.heads;
+        let q = if c.gated {
+            self.split_query_gate(qg, t * nh, hd, q, gate);
+            q
+        } else {
+            qg
+        };
+        if let Some(qn) = c.q_norm {
+            self.rms_norm_groups_inplace(q, t * nh * hd, qn, c.eps);
+        }
+        if let Some(kn) = c.k_norm {
+            self.rms_norm_groups_inplace(k, t * nkv * hd, kn, c.eps);
+        }
+        self.rope_inplace(q, t, nh, hd, c.rot_dim, &rows.cos_sin);
+        self.rope_inplace(k, t, nkv, hd, c.rot_dim, &rows.cos_sin);
+        self.attention(cache, rows.committed, &rows.tree, c.heads, q, k, v, o);
+        if c.gated {
+            self.sigmoid_gate_inplace(o, gate, t * nh * hd);
+        }
     }
 
     fn new_kv_cache(&self, heads: AttnHeads, capacity: usize) -> AttnCache {
@@ -334,7 +420,7 @@ impl Backend for Cpu {
         v: &Vec<f32>,
         o: &mut Vec<f32>,
     ) {
-        attend(cache, committed, t, Rows::Block, heads, [q, k, v], o);
+        attend(cache, committed, t, Seen::Block, heads, [q, k, v], o);
     }
 
     fn scale_inplace(&self, x: &mut Vec<f32>, n: usize, s: f32) {
@@ -351,13 +437,14 @@ impl Backend for Cpu {
         &self,
         gs: &mut GdnState,
         p: GdnParams<'_, Self>,
-        tree: &TreeBatch,
+        rows: &PassRows,
         qkv: &mut Vec<f32>,
         b: &Vec<f32>,
         a: &Vec<f32>,
         scratch: [&mut Vec<f32>; 2],
         o: &mut Vec<f32>,
     ) {
+        let tree = &rows.tree;
         let t = tree.len();
         let GdnShape { hk, hv, dk, dv } = p.shape;
         let (kd, vd) = (hk * dk, hv * dv);
@@ -389,7 +476,7 @@ impl Backend for Cpu {
                 pg[j] = p.neg_exp_a[h] * softplus(a[j] + p.dt_bias[h]);
             }
         }
-        let rows = GdnRows {
+        let gdn_rows = GdnRows {
             q,
             k: pk,
             v: pv,
@@ -405,7 +492,7 @@ impl Backend for Cpu {
         } else {
             None
         };
-        gdn_tree_forward(&rows, &gs.s, tree, p.shape, hm, o, fin);
+        gdn_tree_forward(&gdn_rows, &gs.s, tree, p.shape, hm, o, fin);
     }
 
     fn gated_rms_norm_inplace(

@@ -152,6 +152,8 @@ pub struct State {
     /// Committed token ids (the prefix the state represents).
     pub(crate) tokens: Vec<u32>,
     pub(crate) scratch: crate::model::Scratch<Cpu>,
+    /// The per-row inputs of the CPU's last pass.
+    pub(crate) rows: yomi_cpu::backend::PassRows,
     /// The device state when the model runs on an accelerator (made on the first pass).
     pub(crate) accel: Option<Box<dyn crate::accel::AccelState>>,
     /// The device state must be zeroed before the next pass ([`State::reset`] has no device).
@@ -206,6 +208,7 @@ impl State {
             },
             tokens: Vec::with_capacity(capacity),
             scratch: Default::default(),
+            rows: Default::default(),
             accel: None,
             accel_reset: false,
             on_device: false,

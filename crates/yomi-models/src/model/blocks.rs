@@ -8,8 +8,7 @@
 //! first projections, so it stays pending across the layer boundary (`Stream::pending`).
 
 use anyhow::Result;
-use yomi_core::TreeBatch;
-use yomi_core::backend::{AttnHeads, Backend};
+use yomi_core::backend::{AttnCore, AttnHeads, Backend};
 use yomi_weights::Rope;
 
 use super::forward::{HiddenTaps, LogitRows};
@@ -17,18 +16,17 @@ use super::weights::{AttnWeights, Layer};
 use crate::config::ModelConfig;
 
 /// The weights a pass reads, borrowed from wherever the backend keeps them.
-pub(crate) struct Net<'a, B: Backend> {
+pub struct Net<'a, B: Backend> {
     pub embed: &'a B::Linear,
     pub layers: &'a [Layer<B>],
     pub final_norm: &'a B::Vector,
     /// None: tied to the embedding.
     pub lm_head: Option<&'a B::Linear>,
-    pub rope: &'a Rope,
 }
 
 /// Per-pass activation buffers, reused across passes (no allocation once grown). The mixers
 /// use `a` … `g` for their intermediates and the MLP `a`, `b` for gate and up.
-pub(crate) struct Scratch<B: Backend> {
+pub struct Scratch<B: Backend> {
     /// The residual stream [t, H].
     pub h: B::Buf,
     /// The normed input of the current block [t, H].
@@ -44,9 +42,6 @@ pub(crate) struct Scratch<B: Backend> {
     pub e: B::Buf,
     pub f: B::Buf,
     pub g: B::Buf,
-    /// The rotary cos/sin of every row of the pass [t, rotary_dim], computed once per pass: a
-    /// row's position (committed length + tree depth) is the same in every layer.
-    pub cs: B::Buf,
     /// The final-normed rows that get logits (or all rows, when the last point is tapped).
     pub rows: B::Buf,
 }
@@ -65,26 +60,47 @@ impl<B: Backend> Default for Scratch<B> {
             e: B::Buf::default(),
             f: B::Buf::default(),
             g: B::Buf::default(),
-            cs: B::Buf::default(),
             rows: B::Buf::default(),
         }
     }
 }
 
-/// One pass's fixed inputs.
+/// One pass's fixed inputs: the backend, the config and the pass's rows (ids, positions,
+/// tree, committed length), set by [`set_pass_rows`] before the pass.
 pub(crate) struct Pass<'a, B: Backend> {
     pub b: &'a B,
     pub cfg: &'a ModelConfig,
-    pub tokens: &'a [u32],
-    pub tree: &'a TreeBatch,
-    /// Committed rows before the pass.
-    pub committed: usize,
+    pub rows: &'a B::Rows,
+    /// Rows in the pass.
+    pub t: usize,
 }
 
 impl<B: Backend> Pass<'_, B> {
     pub fn rows(&self) -> usize {
-        self.tokens.len()
+        self.t
     }
+}
+
+/// Sets a pass's per-row inputs on backend `b`, with the rotary table when the model has
+/// attention layers.
+pub fn set_pass_rows<B: Backend>(
+    b: &B,
+    cfg: &ModelConfig,
+    rope: &Rope,
+    rows: &mut B::Rows,
+    tokens: &[u32],
+    tree: &yomi_core::TreeBatch,
+    committed: usize,
+) {
+    let cos_sin = |pos: usize, row: &mut [f32]| rope.cos_sin(pos, row);
+    let rotary = cfg
+        .layer_kinds
+        .contains(&crate::LayerKind::Attention)
+        .then_some(yomi_core::backend::RotaryFill {
+            rot_dim: cfg.rotary_dim,
+            cos_sin: &cos_sin,
+        });
+    b.set_rows(rows, tokens, tree, committed, rotary);
 }
 
 /// The residual stream between blocks: whether the last MLP's output `z` is still to be
@@ -110,19 +126,9 @@ impl Stream<'_> {
     }
 }
 
-/// The embeddings of the pass's tokens into `h`, and the rows' rotary tables when the model
-/// has attention layers.
+/// The embeddings of the pass's tokens into `h`.
 pub(crate) fn embed<B: Backend>(p: &Pass<'_, B>, net: &Net<'_, B>, sc: &mut Scratch<B>) {
-    p.b.embed(net.embed, p.tokens, &mut sc.h);
-    let cfg = p.cfg;
-    if cfg.layer_kinds.contains(&crate::LayerKind::Attention) {
-        let (rd, committed, tree) = (cfg.rotary_dim, p.committed, p.tree);
-        p.b.fill_from_host(&mut sc.cs, p.rows() * rd, &mut |cs| {
-            for (i, row) in cs.chunks_exact_mut(rd).enumerate() {
-                net.rope.cos_sin(committed + tree.depth(i) as usize, row);
-            }
-        });
-    }
+    p.b.embed_rows(net.embed, p.rows, &mut sc.h);
 }
 
 /// Self-attention over the cache and the pass's tree (Llama/Qwen2/Qwen3 attention; with
@@ -141,7 +147,6 @@ pub(crate) fn attention<B: Backend>(
         n_kv: cfg.num_kv_heads,
         head_dim: cfg.head_dim,
     };
-    let (nh, nkv, hd) = (heads.n_heads, heads.n_kv, heads.head_dim);
     let Scratch {
         h,
         x,
@@ -153,7 +158,6 @@ pub(crate) fn attention<B: Backend>(
         d: k,
         e: v,
         f: o,
-        cs,
         ..
     } = sc;
     b.add_norm_linears(
@@ -167,24 +171,15 @@ pub(crate) fn attention<B: Backend>(
         &[w.q_bias.as_ref(), w.k_bias.as_ref(), w.v_bias.as_ref()],
         &mut [&mut *qg, &mut *k, &mut *v],
     );
-    let q = if cfg.attn_output_gate {
-        b.split_query_gate(qg, t * nh, hd, q, gate);
-        q
-    } else {
-        qg
+    let core = AttnCore {
+        heads,
+        rot_dim: cfg.rotary_dim,
+        eps: cfg.rms_norm_eps,
+        q_norm: w.q_norm.as_ref(),
+        k_norm: w.k_norm.as_ref(),
+        gated: cfg.attn_output_gate,
     };
-    if let Some(qn) = &w.q_norm {
-        b.rms_norm_groups_inplace(q, t * nh * hd, qn, cfg.rms_norm_eps);
-    }
-    if let Some(kn) = &w.k_norm {
-        b.rms_norm_groups_inplace(k, t * nkv * hd, kn, cfg.rms_norm_eps);
-    }
-    b.rope_inplace(q, t, nh, hd, cfg.rotary_dim, cs);
-    b.rope_inplace(k, t, nkv, hd, cfg.rotary_dim, cs);
-    b.attention(cache, p.committed, p.tree, heads, q, k, v, o);
-    if cfg.attn_output_gate {
-        b.sigmoid_gate_inplace(o, gate, t * nh * hd);
-    }
+    b.attention_core(cache, p.rows, core, qg, k, v, q, gate, o);
     b.linear(o, t, &w.o, w.o_bias.as_ref(), y);
 }
 
@@ -201,18 +196,18 @@ pub(crate) fn mlp<B: Backend>(p: &Pass<'_, B>, layer: &Layer<B>, sc: &mut Scratc
         b: u,
         ..
     } = sc;
-    b.add_norm_linears(
+    b.add_norm_mlp(
         h,
         Some(&*y),
         &layer.post_norm,
         p.cfg.rms_norm_eps,
         t,
         x,
-        &[&layer.mlp.gate, &layer.mlp.up],
-        &[None, None],
-        &mut [&mut *g, &mut *u],
+        [&layer.mlp.gate, &layer.mlp.up, &layer.mlp.down],
+        g,
+        u,
+        z,
     );
-    b.swiglu_linear(g, u, t, &layer.mlp.down, z);
 }
 
 /// After the last layer: the pending MLP output, the final norm (tapped as point L) and the LM

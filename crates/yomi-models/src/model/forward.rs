@@ -10,7 +10,7 @@ use yomi_core::GdnShape;
 use yomi_core::backend::Backend;
 use yomi_cpu::backend::Cpu;
 
-use super::blocks::{Net, Pass, Stream};
+use super::blocks::{Net, Pass, Scratch, Stream, set_pass_rows};
 use super::weights::Model;
 use super::{llama, qwen35};
 use crate::accel::{AccelState, Accelerator};
@@ -149,26 +149,30 @@ impl Model {
             layers: &self.layers,
             final_norm: &self.final_norm,
             lm_head: self.lm_head.as_deref(),
-            rope: &self.rope,
         };
-        let pass = Pass {
-            b: &Cpu,
+        set_pass_rows(
+            &Cpu,
             cfg,
+            &self.rope,
+            &mut st.rows,
             tokens,
             tree,
-            committed: st.committed,
-        };
-        let stream = Stream {
-            pending: false,
-            taps,
-        };
+            st.committed,
+        );
         // Nothing is pending if the pass fails half-way.
         st.pending.active = false;
-        let run = match cfg.arch {
-            Arch::Qwen35 => qwen35::forward,
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => llama::forward,
-        };
-        let result = run(&pass, &net, &mut st.layers, &mut sc, stream, which, logits);
+        let result = run_pass(
+            &Cpu,
+            cfg,
+            &net,
+            &st.rows,
+            t,
+            &mut st.layers,
+            &mut sc,
+            taps,
+            which,
+            logits,
+        );
         st.scratch = sc;
         result?;
         st.pending.tree.copy_from(tree);
@@ -321,10 +325,46 @@ impl Model {
     }
 }
 
+/// One pass of the model of `cfg` on backend `b` over the rows [`set_pass_rows`] set (`t` of
+/// them): the architecture's family file, the residual stream captured at `taps`' points, and
+/// logits [rows, V] in `logits` for the rows `which` selects. Every backend's executor runs its
+/// passes through here.
+#[allow(clippy::too_many_arguments)]
+pub fn run_pass<B: Backend>(
+    b: &B,
+    cfg: &ModelConfig,
+    net: &Net<'_, B>,
+    rows: &B::Rows,
+    t: usize,
+    states: &mut [LayerState<B>],
+    sc: &mut Scratch<B>,
+    taps: Option<&mut HiddenTaps>,
+    which: LogitRows,
+    logits: &mut B::Buf,
+) -> Result<()> {
+    if states.len() != net.layers.len() {
+        bail!(
+            "a state of {} layers for a model of {}",
+            states.len(),
+            net.layers.len()
+        );
+    }
+    let pass = Pass { b, cfg, rows, t };
+    let stream = Stream {
+        pending: false,
+        taps,
+    };
+    let run = match cfg.arch {
+        Arch::Qwen35 => qwen35::forward,
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => llama::forward,
+    };
+    run(&pass, net, states, sc, stream, which, logits)
+}
+
 /// The pending → commit contract, for every backend: the K/V rows of the accepted path move
 /// down to follow the committed rows, and each gated-delta-rule layer advances over the path
 /// (taking the pass's final state when a chain was accepted whole).
-pub(crate) fn commit_layers<B: Backend>(
+pub fn commit_layers<B: Backend>(
     b: &B,
     cfg: &ModelConfig,
     layers: &mut [LayerState<B>],

@@ -9,6 +9,6 @@ mod llama;
 mod qwen35;
 mod weights;
 
-pub(crate) use blocks::Scratch;
-pub use forward::{HiddenTaps, LogitRows};
+pub use blocks::{Net, Scratch, set_pass_rows};
+pub use forward::{HiddenTaps, LogitRows, commit_layers, run_pass};
 pub use weights::{AttnWeights, GdnWeights, Layer, Mixer, Mlp, Model, WeightSink};

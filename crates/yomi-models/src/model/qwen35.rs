@@ -68,18 +68,17 @@ fn gated_delta_net<B: Backend>(
         g: o,
         ..
     } = sc;
-    b.add_norm(
+    b.add_norm_linears(
         h,
         stream.pending.then_some(&*pending_z),
         input_norm,
         cfg.rms_norm_eps,
         t,
         x,
+        &[&w.qkv, &w.z, &w.b, &w.a],
+        &[None, None, None, None],
+        &mut [&mut *qkv, &mut *zg, &mut *braw, &mut *araw],
     );
-    b.linear(x, t, &w.qkv, None, qkv);
-    b.linear(x, t, &w.z, None, zg);
-    b.linear(x, t, &w.b, None, braw);
-    b.linear(x, t, &w.a, None, araw);
     let params = GdnParams {
         shape: GdnShape {
             hk: g.num_key_heads,
@@ -92,7 +91,7 @@ fn gated_delta_net<B: Backend>(
         neg_exp_a: &w.neg_exp_a,
         dt_bias: &w.dt_bias,
     };
-    b.gated_delta_rule(state, params, p.tree, qkv, braw, araw, [mc, q], o);
+    b.gated_delta_rule(state, params, p.rows, qkv, braw, araw, [mc, q], o);
     b.gated_rms_norm_inplace(o, zg, t * g.value_dim(), &w.norm, cfg.rms_norm_eps);
     b.linear(o, t, &w.out, None, y);
     Ok(())
