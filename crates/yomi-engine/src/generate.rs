@@ -14,6 +14,7 @@ use yomi_spec::{DraftTree, Drafter, accept_with};
 pub use crate::drafting::DraftMode;
 use yomi_spec::PassCost;
 
+use crate::constraint::Constraint;
 use crate::engine::Engine;
 use crate::pass_threads::PassThreads;
 use crate::stats::{GenerationStats, StatsRecorder};
@@ -149,6 +150,8 @@ struct Resume<'a> {
     /// The logits after the last committed token (when that prefix is the whole prompt).
     logits: Option<&'a [f32]>,
     hooks: &'a mut dyn GenerateHooks,
+    /// The grammar the output must match, if any.
+    constraint: Option<&'a mut Constraint>,
 }
 
 /// The output of a request as it grows.
@@ -169,7 +172,9 @@ struct Output {
 /// device that does not rank logits), or, on a device that does, from each row's top
 /// candidates, fetching a row's full logits only when its candidates cannot decide the draw
 /// ([`Sampler::sample_from_top`]). Either way a row's token is exactly what
-/// [`Sampler::sample`] draws from its full logits.
+/// [`Sampler::sample`] draws from its full logits. Under a grammar every row is sampled from
+/// its full logits with the grammar's mask applied first (a masked row's best candidates are
+/// not its device ranking's).
 struct RowSampler {
     sampler: Sampler,
     /// Passes return candidates ([`Model::forward_top`]) instead of logits.
@@ -181,10 +186,10 @@ struct RowSampler {
 }
 
 impl RowSampler {
-    fn new(model: &Model, params: SamplerParams, logits: Vec<f32>) -> Self {
+    fn new(model: &Model, params: SamplerParams, logits: Vec<f32>, constrained: bool) -> Self {
         RowSampler {
             sampler: Sampler::new(params),
-            ranked: model.ranks_on_device(),
+            ranked: model.ranks_on_device() && !constrained,
             logits,
             top: TopRows::default(),
             vocab: model.cfg.vocab_size,
@@ -212,7 +217,27 @@ impl RowSampler {
 
     /// Draws from row `r` of the last pass's selected rows the token that will sit at
     /// `position` (the pass may have been committed since: the device keeps its logits).
-    fn sample(&mut self, model: &Model, st: &mut State, r: usize, position: u64) -> Result<u32> {
+    /// Under a grammar, the row is masked by it first and the token drawn is given to it: the
+    /// rows must be sampled in output order, as the acceptance walk does.
+    fn sample(
+        &mut self,
+        model: &Model,
+        st: &mut State,
+        r: usize,
+        position: u64,
+        constraint: Option<&mut Constraint>,
+    ) -> Result<u32> {
+        if let Some(c) = constraint {
+            if self.ranked {
+                bail!("a constrained request sampled from ranked candidates");
+            }
+            let v = self.vocab;
+            let row = &mut self.logits[r * v..(r + 1) * v];
+            c.apply(row)?;
+            let tok = self.sampler.sample(row, position);
+            c.accept(tok)?;
+            return Ok(tok);
+        }
         if !self.ranked {
             let v = self.vocab;
             return Ok(self
@@ -309,11 +334,29 @@ impl Engine {
         stats: StatsRecorder,
         on_text: &mut OnText,
     ) -> Result<Generation> {
+        self.generate_constrained(state, prompt_ids, params, drafter, None, stats, on_text)
+    }
+
+    /// [`generate_with`](Self::generate_with) whose output must match `constraint`'s grammar
+    /// (made by [`Engine::constraint`] for this request; `None`: unconstrained). Drafting
+    /// changes only the speed: the output is that of constrained plain decoding.
+    #[allow(clippy::too_many_arguments)]
+    pub fn generate_constrained(
+        &self,
+        state: &mut State,
+        prompt_ids: &[u32],
+        params: &GenerateParams,
+        drafter: Option<&mut dyn Drafter>,
+        constraint: Option<&mut Constraint>,
+        stats: StatsRecorder,
+        on_text: &mut OnText,
+    ) -> Result<Generation> {
         let mut hooks = NoHooks;
         let from = Resume {
             keep_prefix: false,
             logits: None,
             hooks: &mut hooks,
+            constraint,
         };
         self.run_request(state, prompt_ids, params, drafter, stats, on_text, from)
     }
@@ -336,10 +379,39 @@ impl Engine {
         hooks: &mut dyn GenerateHooks,
         on_text: &mut OnText,
     ) -> Result<Generation> {
+        self.generate_resumed_constrained(
+            state,
+            prompt_ids,
+            params,
+            drafter,
+            None,
+            stats,
+            last_logits,
+            hooks,
+            on_text,
+        )
+    }
+
+    /// [`generate_resumed`](Self::generate_resumed) under a grammar (see
+    /// [`generate_constrained`](Self::generate_constrained)).
+    #[allow(clippy::too_many_arguments)]
+    pub fn generate_resumed_constrained(
+        &self,
+        state: &mut State,
+        prompt_ids: &[u32],
+        params: &GenerateParams,
+        drafter: Option<&mut dyn Drafter>,
+        constraint: Option<&mut Constraint>,
+        stats: StatsRecorder,
+        last_logits: Option<&[f32]>,
+        hooks: &mut dyn GenerateHooks,
+        on_text: &mut OnText,
+    ) -> Result<Generation> {
         let from = Resume {
             keep_prefix: true,
             logits: last_logits,
             hooks,
+            constraint,
         };
         self.run_request(state, prompt_ids, params, drafter, stats, on_text, from)
     }
@@ -400,6 +472,7 @@ impl Engine {
             .map(|p| HiddenTaps::new(p.iter().copied()));
         stats.prefill_started();
         let hooks = from.hooks;
+        let mut constraint = from.constraint;
         let (cached, logits) = self.prefill(
             st,
             prompt,
@@ -411,7 +484,7 @@ impl Engine {
         )?;
         stats.prefill_done(prompt.len() - cached);
 
-        let mut rows = RowSampler::new(model, params.sampler.clone(), logits);
+        let mut rows = RowSampler::new(model, params.sampler.clone(), logits, constraint.is_some());
         let out_cap = params.max_tokens.min(st.capacity() - prompt.len());
         let mut out = Output {
             ids: Vec::with_capacity(out_cap.min(4096)),
@@ -458,13 +531,32 @@ impl Engine {
                     )
                 })
         });
-        // The token after the prompt.
-        let mut next = rows
-            .sampler
-            .sample(&rows.logits[..v], st.committed() as u64);
+        // The token after the prompt (row 0 of the prefill's logits: the CPU's and a device's
+        // prefill both return full logits).
+        let mut next = match constraint.as_deref_mut() {
+            Some(c) => {
+                let row = &mut rows.logits[..v];
+                c.apply(row)?;
+                let tok = rows.sampler.sample(row, st.committed() as u64);
+                c.accept(tok)?;
+                tok
+            }
+            None => rows
+                .sampler
+                .sample(&rows.logits[..v], st.committed() as u64),
+        };
         stats.first_token();
-        let mut finish =
-            self.push_token(&mut out, next, st.committed(), st, params, hooks, on_text)?;
+        let done = constraint.as_deref().and_then(Constraint::finished_at);
+        let mut finish = self.push_token(
+            &mut out,
+            next,
+            st.committed(),
+            st,
+            params,
+            done,
+            hooks,
+            on_text,
+        )?;
         while finish.is_none() {
             // One target pass over the tree rooted at the pending token `next`, at position c.
             let c = st.committed();
@@ -475,7 +567,14 @@ impl Engine {
             let probing = threads.as_ref().is_some_and(|t| t.probing(rows_n));
             let t0 = Instant::now();
             let bonus = yomi_cpu::pool::with_threads(n_threads, || {
-                self.verify(st, &mut rows, &mut pass, next, taps.as_mut())
+                self.verify(
+                    st,
+                    &mut rows,
+                    &mut pass,
+                    next,
+                    taps.as_mut(),
+                    constraint.as_deref_mut(),
+                )
             })?;
             let secs = t0.elapsed().as_secs_f64();
             if let Some(t) = threads.as_mut() {
@@ -494,9 +593,10 @@ impl Engine {
             // Stream the accepted drafts, then the bonus; the k-th sits at position c + k.
             let drafts = pass.accepted[1..].iter().map(|&r| pass.draft.tokens()[r]);
             let mut emitted = 0;
+            let done = constraint.as_deref().and_then(Constraint::finished_at);
             for (k, tok) in (1..).zip(drafts.chain(std::iter::once(bonus))) {
                 emitted += 1;
-                finish = self.push_token(&mut out, tok, c + k, st, params, hooks, on_text)?;
+                finish = self.push_token(&mut out, tok, c + k, st, params, done, hooks, on_text)?;
                 if finish.is_some() {
                     break;
                 }
@@ -633,8 +733,9 @@ impl Engine {
     }
 
     /// One target pass over the draft tree, the acceptance walk over its rows' samples (each
-    /// drawn for the position it would sit at), and the commit of the accepted path (in
-    /// `pass.accepted`). Returns the bonus token: the sample at the last accepted row.
+    /// drawn for the position it would sit at, masked by the grammar as it stands after the
+    /// path to that row), and the commit of the accepted path (in `pass.accepted`). Returns
+    /// the bonus token: the sample at the last accepted row.
     fn verify(
         &self,
         st: &mut State,
@@ -642,6 +743,7 @@ impl Engine {
         pass: &mut PassBuffers,
         next: u32,
         taps: Option<&mut HiddenTaps>,
+        mut constraint: Option<&mut Constraint>,
     ) -> Result<u32> {
         let model = &self.model;
         let c = st.committed();
@@ -657,22 +759,25 @@ impl Engine {
             accepted.clear();
             accepted.push(0);
             model.commit(st, accepted)?;
-            return rows.sample(model, st, 0, (c + 1) as u64);
+            return rows.sample(model, st, 0, (c + 1) as u64, constraint);
         }
         draft.to_batch(tree)?;
         rows.forward(model, st, draft.tokens(), tree, LogitRows::All, taps)?;
-        // The walk takes plain tokens: a failed fetch of a row's logits stops it (no draft
-        // token equals u32::MAX) and is reported after.
+        // The walk takes plain tokens: a failed fetch of a row's logits (or a grammar's mask)
+        // stops it (no draft token equals u32::MAX) and is reported after. The walk samples
+        // the rows of its path in order, each once, so each sample is the next output token:
+        // what the grammar is told.
         let mut failed = None;
         let bonus = accept_with(
             tree,
             draft.tokens(),
             |r| {
                 let pos = c + tree.depth(r) as usize + 1;
-                rows.sample(model, st, r, pos as u64).unwrap_or_else(|e| {
-                    failed.get_or_insert(e);
-                    u32::MAX
-                })
+                rows.sample(model, st, r, pos as u64, constraint.as_deref_mut())
+                    .unwrap_or_else(|e| {
+                        failed.get_or_insert(e);
+                        u32::MAX
+                    })
             },
             accepted,
         );
@@ -707,8 +812,9 @@ impl Engine {
     }
 
     /// Emits one token that sits at position `pos`; returns why to stop after it, if so: an
-    /// end-of-sequence token (which is kept in the output), a stop string, the caller, the
-    /// token limit, or the end of the context.
+    /// end-of-sequence token (which is kept in the output), a stop string, the caller, a
+    /// grammar complete at `grammar_done` output tokens, the token limit, or the end of the
+    /// context.
     #[allow(clippy::too_many_arguments)]
     fn push_token(
         &self,
@@ -717,6 +823,7 @@ impl Engine {
         pos: usize,
         st: &State,
         params: &GenerateParams,
+        grammar_done: Option<usize>,
         hooks: &mut dyn GenerateHooks,
         on_text: &mut OnText,
     ) -> Result<Option<FinishReason>> {
@@ -734,6 +841,9 @@ impl Engine {
         {
             out.text_ended = true;
             return Ok(Some(reason));
+        }
+        if grammar_done == Some(out.ids.len()) {
+            return Ok(Some(FinishReason::Stop));
         }
         if out.ids.len() >= params.max_tokens || pos + 1 >= st.capacity() {
             return Ok(Some(FinishReason::Length));

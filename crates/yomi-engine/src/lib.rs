@@ -1,6 +1,7 @@
 //! yomi's sessions: tokenizer, chat template, sampling parameters, the generate loop and its
 //! stats (DESIGN §2, §8).
 
+pub mod constraint;
 pub mod dflash_drafter;
 pub mod drafting;
 pub mod engine;
@@ -13,8 +14,10 @@ pub mod prefix_cache;
 pub mod stats;
 pub mod template;
 mod thread_choice;
+pub mod token_env;
 pub mod tokenizer;
 
+pub use constraint::{Constraint, Grammar};
 pub use engine::{Engine, EngineOptions, Prompt};
 pub use generate::{DraftMode, FinishReason, GenerateParams, Generation};
 pub use prefix_cache::{PrefixCache, PrefixCacheConfig};

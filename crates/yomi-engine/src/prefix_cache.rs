@@ -472,10 +472,30 @@ impl Engine {
         hooks: &mut dyn GenerateHooks,
         on_text: &mut OnText,
     ) -> Result<Generation> {
+        self.generate_cached_constrained(
+            cache, state, prompt_ids, params, drafter, None, stats, hooks, on_text,
+        )
+    }
+
+    /// [`generate_cached`](Self::generate_cached) whose output must match `constraint`'s
+    /// grammar (see [`Engine::generate_constrained`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn generate_cached_constrained(
+        &self,
+        cache: Option<&mut PrefixCache>,
+        state: &mut State,
+        prompt_ids: &[u32],
+        params: &GenerateParams,
+        drafter: Option<&mut dyn Drafter>,
+        constraint: Option<&mut crate::constraint::Constraint>,
+        stats: StatsRecorder,
+        hooks: &mut dyn GenerateHooks,
+        on_text: &mut OnText,
+    ) -> Result<Generation> {
         let Some(cache) = cache else {
             state.reset();
-            return self.generate_resumed(
-                state, prompt_ids, params, drafter, stats, None, hooks, on_text,
+            return self.generate_resumed_constrained(
+                state, prompt_ids, params, drafter, constraint, stats, None, hooks, on_text,
             );
         };
         params.validate().map_err(anyhow::Error::msg)?;
@@ -503,11 +523,12 @@ impl Engine {
             rec: cache.recorder(state),
             user: hooks,
         };
-        let result = self.generate_resumed(
+        let result = self.generate_resumed_constrained(
             state,
             prompt_ids,
             params,
             drafter,
+            constraint,
             stats,
             restored.logits.as_deref(),
             &mut both,

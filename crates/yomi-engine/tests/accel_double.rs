@@ -568,6 +568,62 @@ fn sampling_from_device_candidates_equals_the_cpu_engine() {
     }
 }
 
+/// A constrained request on a device that ranks logits is sampled from full rows (a masked
+/// row's best candidates are not the device's): no pass ranks, and the output equals the CPU
+/// engine's constrained output, plainly and with drafts, greedy and seeded.
+#[test]
+fn constrained_requests_on_a_ranking_device_use_full_logits() {
+    use yomi_engine::Grammar;
+    let grammar = Grammar::JsonSchema(serde_json::json!({
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer", "minimum": 0, "maximum": 999},
+            "word": {"type": "string", "maxLength": 6},
+        },
+        "required": ["id", "word"],
+        "additionalProperties": false,
+    }));
+    let eos = vec![2];
+    let mut cpu = engine();
+    cpu.eos_token_ids = eos.clone();
+    let (mut acc, double) = accelerated_with(64, true);
+    acc.eos_token_ids = eos;
+    let seeded = SamplerParams {
+        temperature: 0.8,
+        top_k: 40,
+        seed: 4,
+        ..Default::default()
+    };
+    let constrained = |e: &Engine, p: &GenerateParams| {
+        let mut c = e.constraint(&grammar).expect("compiles");
+        let mut st = e.new_state();
+        e.generate_constrained(
+            &mut st,
+            &prompt(),
+            p,
+            None,
+            Some(&mut c),
+            StatsRecorder::start(),
+            &mut |_| true,
+        )
+        .expect("generate")
+    };
+    for sampler in [SamplerParams::greedy(), seeded] {
+        let want = constrained(&cpu, &params(DraftMode::None, sampler.clone()));
+        let v: serde_json::Value = serde_json::from_str(&want.text).expect("JSON");
+        assert!(v["id"].is_u64() && v["word"].is_string(), "{v}");
+        for draft in [DraftMode::None, DraftMode::Suffix] {
+            double.ranked_passes.store(0, Ordering::Relaxed);
+            let got = constrained(&acc, &params(draft, sampler.clone()));
+            assert_eq!(got.output_ids, want.output_ids, "{draft:?} {sampler:?}");
+            assert_eq!(double.ranked_passes.load(Ordering::Relaxed), 0);
+        }
+        // The same double ranks an unconstrained request's passes.
+        run(&acc, &prompt(), &params(DraftMode::None, sampler.clone()));
+        assert!(double.ranked_passes.load(Ordering::Relaxed) > 0);
+    }
+}
+
 /// The prefix cache on a device state (snapshots and K/V rows copied out through the
 /// accelerator, resumed by copying them back in) gives what a cold run gives, greedy and
 /// seeded, on a plain transformer and on a hybrid with Gated DeltaNet layers: requests that
