@@ -18,6 +18,13 @@
 # After losing the machine: copy the returned shards to .device/train/answers and the returned
 # checkpoint to .device/train/ckpt here, then `put` each folder (carry: that folder) after the
 # two GGUF parts, and call gen / train again: both resume where they stopped.
+#
+# The hybrid model (issue 41) needs no GGUF: its token streams travel with the call.
+#   here:  python3 tools/train/code_corpus.py --out .device/code
+#   there: bash tools/train/gpu.sh hybrid [SECONDS] [ARGS]   carry: .device/code/train.u16.xz,
+#          .device/code/heldout.u16.xz, .device/code/manifest.json
+#          -> $OUT/hybrid/{weights/part-*.safetensors,config.json,train_log.json}; then here:
+#          python3 tools/train/hybrid_model.py RETURNED/hybrid models/yomi-code-hybrid
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 HOME_DIR="$HOME/yomi-train"
@@ -98,11 +105,20 @@ evaluate() {
         --limit "$limit" --check-lossless ${OUT:+--json-out "$OUT/eval.json"}
 }
 
+hybrid() {
+    local budget=${1:-500}
+    shift || true
+    command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    python3 tools/train/train_hybrid.py --data .device/code --out "${OUT:-$HOME_DIR}/hybrid" \
+        --time-budget "$budget" "$@"
+}
+
 case "${1:-}" in
     stage) stage ;;
     put) put "${2:-}" ;;
     gen) gen "${2:-540}" ;;
     train) shift; train "$@" ;;
     eval) evaluate "${2:-200}" ;;
-    *) sed -n '2,20p' "$0"; exit 2 ;;
+    hybrid) shift; hybrid "$@" ;;
+    *) sed -n '2,27p' "$0"; exit 2 ;;
 esac
