@@ -149,7 +149,8 @@ def test_the_template_renders_the_tools(client):
     assert auto.usage.prompt_tokens > plain.usage.prompt_tokens + 20
     assert two.usage.prompt_tokens > auto.usage.prompt_tokens
     # `none`: the tools are not shown; `required` and a named function: shown as for `auto`
-    # (constrained decoding is not there yet).
+    # (what forces the call is the grammar the output is decoded under, see
+    # test_structured_output.py).
     none = create(client, tools=[WEATHER], tool_choice="none")
     assert none.usage.prompt_tokens == plain.usage.prompt_tokens
     assert none.choices[0].message.tool_calls is None

@@ -13,8 +13,9 @@
 //! and `tool` messages ([`PromptSpec::ChatJson`]). Calls the model writes, in the format its
 //! template teaches, are read by [`crate::tools`] and come back as `tool_use` blocks (streamed
 //! as `input_json_delta`s) with `stop_reason: "tool_use"`; a call written badly stays text.
-//! Nothing forces a call: `tool_choice` `any` and `tool` work as `auto`, except that `tool`
-//! takes only that tool's calls.
+//! `tool_choice` `any` makes the answer calls to the offered tools and `tool` calls to the
+//! named one, with inputs that match their `input_schema`, by constrained decoding
+//! ([`crate::structured`]).
 //!
 //! Thinking is off unless the request turns it on (`thinking: {"type": "enabled"}`), as with
 //! Anthropic's models: the template is rendered with `enable_thinking` false otherwise.
@@ -52,6 +53,7 @@ use crate::api::{
 };
 use crate::error::ApiError;
 use crate::reasoning::Split;
+use crate::structured::{self, CallSpec, OutputSpec};
 use crate::tools::{ParsedOutput, ToolCallParser, ToolEvent, ToolFormat, ToolSet};
 use crate::worker::Event;
 use crate::{AppState, body_error, cut_off, shutting_down, submit};
@@ -408,6 +410,8 @@ pub struct ToolPlan {
     pub calls: Option<ToolSet>,
     /// At most this many calls are reported (`disable_parallel_tool_use`: 1).
     pub max_calls: usize,
+    /// The calls the answer may (`auto`) or must (`any`, `tool`) consist of, for the grammar.
+    pub spec: Option<CallSpec>,
 }
 
 /// Anthropic's rule for tool names.
@@ -419,9 +423,8 @@ fn valid_tool_name(name: &str) -> bool {
 }
 
 /// `tools` (`[{name, description, input_schema}]`) and `tool_choice` (`auto`, `any`, `tool`
-/// with a `name`, `none`; `disable_parallel_tool_use`). Nothing makes the model call a tool:
-/// `any` and `tool` are read as `auto`, except that with `tool` only that tool's calls are
-/// taken from the answer. Anthropic's server tools (`web_search_…`, `bash_…`, …) run on
+/// with a `name`, `none`; `disable_parallel_tool_use`). `any` and `tool` force calls (to that
+/// tool only, for `tool`). Anthropic's server tools (`web_search_…`, `bash_…`, …) run on
 /// Anthropic's side and are refused.
 fn parse_tools(m: &Map<String, Value>) -> Result<ToolPlan, ApiError> {
     let list: &[Value] = match field(m, "tools") {
@@ -553,8 +556,14 @@ fn parse_tools(m: &Map<String, Value>) -> Result<ToolPlan, ApiError> {
             template_tools: None,
             calls: None,
             max_calls: usize::MAX,
+            spec: None,
         });
     }
+    let spec = CallSpec {
+        functions: structured::functions(&functions, named.as_deref()),
+        parallel,
+        forced: choice == "any" || choice == "tool",
+    };
     let set = ToolSet::from_schemas(schemas.iter().map(|(n, s)| (n.as_str(), Some(s))));
     Ok(ToolPlan {
         template_tools: Some(Value::Array(functions)),
@@ -563,6 +572,7 @@ fn parse_tools(m: &Map<String, Value>) -> Result<ToolPlan, ApiError> {
             None => set,
         }),
         max_calls: if parallel { usize::MAX } else { 1 },
+        spec: Some(spec),
     })
 }
 
@@ -662,6 +672,10 @@ pub fn parse_messages(body: &[u8]) -> Result<(ParsedRequest, ToolPlan), ApiError
         stop,
         stream: opt_bool(&m, "stream")?.unwrap_or(false),
         include_usage: false,
+        output: OutputSpec {
+            answer: None,
+            calls: tools.spec.clone(),
+        },
     };
     Ok((request, tools))
 }

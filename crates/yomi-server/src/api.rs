@@ -7,8 +7,9 @@ use yomi_engine::generate::validate_stop;
 use yomi_engine::stats::GenerationStats;
 use yomi_engine::template::ChatMessage;
 
-use crate::chat_tools::{self, ToolChat};
+use crate::chat_tools::{self, ToolChat, ToolChoice};
 use crate::error::ApiError;
+use crate::structured::{self, CallSpec, OutputSpec};
 
 /// Which API a request came through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,6 +62,8 @@ pub struct ParsedRequest {
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// What the output's form must be (`response_format`, forced tool calls).
+    pub output: OutputSpec,
 }
 
 pub(crate) fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
@@ -209,29 +212,6 @@ fn refuse_unsupported(m: &Map<String, Value>) -> Result<(), ApiError> {
             ));
         }
     }
-    // Plain text is what yomi produces anyway; JSON modes and schemas would need constrained
-    // decoding.
-    match field(m, "response_format") {
-        None => {}
-        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("text") => {}
-        Some(Value::Object(o)) => {
-            let what = match o.get("type") {
-                Some(Value::String(t)) => format!("{t:?}"),
-                Some(v) => kind_name(v).to_string(),
-                None => "no type".to_string(),
-            };
-            return Err(ApiError::bad_param(
-                "response_format",
-                format!("`response_format` {what} is not supported (only {{\"type\": \"text\"}})"),
-            ));
-        }
-        Some(v) => {
-            return Err(ApiError::bad_param(
-                "response_format",
-                format!("`response_format` must be an object, got {}", kind_name(v)),
-            ));
-        }
-    }
     match field(m, "logit_bias") {
         None => {}
         Some(Value::Object(o)) if o.is_empty() => {}
@@ -328,6 +308,10 @@ fn parse_common(
         stop: parse_stop(m)?,
         stream,
         include_usage,
+        output: OutputSpec {
+            answer: structured::parse_response_format(field(m, "response_format"))?,
+            calls: None,
+        },
     })
 }
 
@@ -480,6 +464,20 @@ pub fn parse_chat(body: &[u8]) -> Result<ParsedRequest, ApiError> {
     let tools = chat_tools::parse_tools(field(&m, "tools"))?;
     let choice = chat_tools::parse_tool_choice(field(&m, "tool_choice"), &tools)?;
     let parallel = opt_bool(&m, "parallel_tool_calls")?.unwrap_or(true);
+    let calls = match &choice {
+        _ if tools.is_empty() => None,
+        ToolChoice::None => None,
+        ToolChoice::Auto | ToolChoice::Required => Some(CallSpec {
+            functions: structured::functions(&tools, None),
+            parallel,
+            forced: choice == ToolChoice::Required,
+        }),
+        ToolChoice::Named(name) => Some(CallSpec {
+            functions: structured::functions(&tools, Some(name)),
+            parallel,
+            forced: true,
+        }),
+    };
     let prompt = if tools.is_empty() && tool_fields.iter().all(Option::is_none) {
         PromptSpec::Chat {
             messages,
@@ -508,7 +506,9 @@ pub fn parse_chat(body: &[u8]) -> Result<ParsedRequest, ApiError> {
             parallel,
         }))
     };
-    parse_common(&m, ApiKind::Chat, prompt)
+    let mut p = parse_common(&m, ApiKind::Chat, prompt)?;
+    p.output.calls = calls;
+    Ok(p)
 }
 
 /// Parses a `/v1/completions` body (one prompt: a string, a list of one string, or token ids).
@@ -801,8 +801,8 @@ mod tests {
             (r#""tools":"f""#, "tools"),
             (r#""tool_choice":"required""#, "tool_choice"),
             (
-                r#""response_format":{"type":"json_object"}"#,
-                "response_format",
+                r#""response_format":{"type":"yaml"}"#,
+                "response_format.type",
             ),
             (r#""logit_bias":{"1":5}"#, "logit_bias"),
             (r#""best_of":2"#, "best_of"),
@@ -836,6 +836,11 @@ mod tests {
             r#"{{{m},"response_format":{{"type":"text"}},"logit_bias":{{}},"best_of":1,"tools":null}}"#
         );
         assert!(parse_chat(body.as_bytes()).is_ok());
+        // JSON formats are read into the schema the output must match.
+        let body = format!(r#"{{{m},"response_format":{{"type":"json_object"}}}}"#);
+        let p = parse_chat(body.as_bytes()).unwrap();
+        assert_eq!(p.output.answer, Some(json!({"type": "object"})));
+        assert!(p.output.calls.is_none());
         // Integers past i64::MAX keep their value.
         let body = format!(r#"{{{m},"max_tokens":9223372036854775808}}"#);
         assert_eq!(

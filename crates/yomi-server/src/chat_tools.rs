@@ -56,9 +56,8 @@ impl ToolChat {
     /// Renders the conversation with the model's template, ready for the answer.
     ///
     /// `tool_choice: "required"` and a named function render the tools as `"auto"` does:
-    /// making the model call one (with arguments that match their schema) is constrained
-    /// decoding, which would plug in at generation (the tokens the sampler may pick, from a
-    /// grammar built from `tools`), not here; it belongs to the structured-output work.
+    /// what makes the model call one (with arguments that match their schema) is the grammar
+    /// its output is decoded under ([`crate::structured`]), not the prompt.
     pub fn render(&self, tpl: &ChatTemplate) -> anyhow::Result<String> {
         let tools = self.template_tools();
         let extra = (!self.kwargs.is_empty()).then_some(&self.kwargs);

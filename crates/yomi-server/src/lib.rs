@@ -31,6 +31,7 @@ pub mod chat_tools;
 pub mod client;
 pub mod error;
 pub mod reasoning;
+pub mod structured;
 pub mod tools;
 mod worker;
 
@@ -58,13 +59,14 @@ use yomi_core::SamplerParams;
 use yomi_engine::generate::{DEFAULT_DRAFT_BUDGET, DraftMode};
 use yomi_engine::prefix_cache::{PrefixCacheConfig, PrefixCacheStats};
 use yomi_engine::stats::StatsRecorder;
-use yomi_engine::{Engine, GenerateParams};
+use yomi_engine::{Constraint, Engine, GenerateParams};
 
 use crate::api::{ApiKind, Outcome, ParsedRequest, PromptSpec, ResponseMeta};
 use crate::chat_tools::ToolStream;
 use crate::error::ApiError;
 use crate::reasoning::{Split, THINK_CLOSE, THINK_OPEN, prompt_opens_thinking};
-use crate::tools::ToolCallParser;
+use crate::structured::{OutputSpec, ThinkClose};
+use crate::tools::{ToolCallParser, ToolFormat};
 use crate::worker::{Event, Job};
 
 /// Default limit on a request body.
@@ -633,6 +635,8 @@ struct Prepared {
     prompt_ids: Vec<u32>,
     params: GenerateParams,
     starts_thinking: bool,
+    /// The grammar the output must match, compiled for this request.
+    constraint: Option<Constraint>,
 }
 
 fn context_error(msg: String) -> ApiError {
@@ -833,11 +837,35 @@ fn prepare(
     params
         .validate()
         .map_err(|m| ApiError::internal(format!("bad server settings: {m}")))?;
+    let constraint = output_constraint(engine, &p.output, starts_thinking)?;
     Ok(Prepared {
         prompt_ids: ids,
         params,
         starts_thinking,
+        constraint,
     })
+}
+
+/// The compiled grammar of a request's output form, if it has one: calls in the model's own
+/// tool format, after free reasoning when the prompt leaves the model thinking. A grammar that
+/// does not compile (an unsupported or contradictory schema) is the client's error.
+fn output_constraint(
+    engine: &Engine,
+    spec: &OutputSpec,
+    starts_thinking: bool,
+) -> Result<Option<Constraint>, ApiError> {
+    let format = ToolFormat::from_template(engine.template.as_ref().map(|t| t.source()));
+    let think = starts_thinking.then(|| match special_token(engine, THINK_CLOSE) {
+        Some(id) => ThinkClose::Token(id),
+        None => ThinkClose::Text(THINK_CLOSE.to_string()),
+    });
+    let Some(grammar) = structured::grammar(spec, format, think.as_ref()) else {
+        return Ok(None);
+    };
+    engine
+        .constraint(&grammar)
+        .map(Some)
+        .map_err(|e| ApiError::bad_param(spec.param(), format!("{e:#}")))
 }
 
 /// A place in the queue taken by a request that has not reached the engine thread yet: freed
@@ -960,6 +988,7 @@ async fn submit(
     let job = Job {
         prompt_ids: prepared.prompt_ids,
         params: prepared.params,
+        constraint: prepared.constraint,
         stats: Some(stats),
         split_reasoning: p.kind == ApiKind::Chat,
         starts_thinking: prepared.starts_thinking,

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc::UnboundedSender;
 use yomi_engine::generate::GenerateHooks;
 use yomi_engine::stats::StatsRecorder;
-use yomi_engine::{DraftMode, Engine, FinishReason, GenerateParams, PrefixCache};
+use yomi_engine::{Constraint, DraftMode, Engine, FinishReason, GenerateParams, PrefixCache};
 use yomi_spec::Drafter;
 
 use crate::api::Outcome;
@@ -28,6 +28,8 @@ pub(crate) enum Event {
 pub(crate) struct Job {
     pub prompt_ids: Vec<u32>,
     pub params: GenerateParams,
+    /// The grammar the output must match (structured output, forced tool calls).
+    pub constraint: Option<Constraint>,
     /// Started when the request arrived (taken when the job runs).
     pub stats: Option<StatsRecorder>,
     /// Split reasoning from content (chat requests).
@@ -124,12 +126,13 @@ impl Worker {
         let stats = job.stats.take().unwrap_or_else(StatsRecorder::start);
         let g = self
             .engine
-            .generate_cached(
+            .generate_cached_constrained(
                 self.cache.as_mut(),
                 &mut self.state,
                 &job.prompt_ids,
                 &job.params,
                 drafter,
+                job.constraint.as_mut(),
                 stats,
                 &mut hook,
                 &mut on_text,
