@@ -352,3 +352,33 @@ def test_tool_use_round_trip(client):
         with pytest.raises(anthropic.BadRequestError) as e:
             client.messages.create(**kw)
         assert e.value.type == "invalid_request_error", extra
+
+
+def test_any_and_named_tool_choice_force_a_tool_use(client):
+    """`any` and `tool` make the answer a call (constrained decoding): a `tool_use` block whose
+    input matches the tool's `input_schema`, streamed or not (the fixture's template shows no
+    tools, so the calls are Hermes JSON in tags, yomi's default format)."""
+    import jsonschema
+
+    bounded = {"type": "object", "additionalProperties": False, "required": ["city"],
+               "properties": {"city": {"type": "string", "maxLength": 10},
+                              "unit": {"enum": ["c", "f"]}}}
+    weather = {**WEATHER, "input_schema": bounded}
+    clock = {"name": "get_time", "input_schema": {"type": "object", "additionalProperties": False,
+                                                  "properties": {}}}
+    for choice, names in [({"type": "any", "disable_parallel_tool_use": True}, {"get_weather", "get_time"}),
+                          ({"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+                           {"get_weather"})]:
+        kw = dict(model=NAME, max_tokens=200, extra_body=GREEDY, tools=[weather, clock], tool_choice=choice,
+                  messages=[{"role": "user", "content": "What is the weather in Paris?"}])
+        m = client.messages.create(**kw)
+        assert m.stop_reason == "tool_use", m
+        uses = [b for b in m.content if b.type == "tool_use"]
+        assert [b.type for b in m.content] == ["tool_use"], m.content
+        assert uses[0].name in names
+        schema = bounded if uses[0].name == "get_weather" else clock["input_schema"]
+        jsonschema.validate(uses[0].input, schema)
+        with client.messages.stream(**kw) as stream:
+            final = stream.get_final_message()
+        assert [(b.name, b.input) for b in final.content] == [(b.name, b.input) for b in uses]
+        assert final.stop_reason == "tool_use"
