@@ -21,5 +21,6 @@ pub mod quant;
 pub mod rope;
 pub mod simd;
 pub mod steal;
+pub mod top_k;
 
 pub use options::{AlreadyConfigured, CpuOptions, configure, options};

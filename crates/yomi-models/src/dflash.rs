@@ -198,6 +198,8 @@ pub struct DFlashState<B: Backend = Cpu> {
     rows: usize,
     /// Cache rows: context rows plus one block.
     capacity: usize,
+    /// `sc.out` holds the drafted positions of a block over the current context.
+    drafted: bool,
     sc: DScratch<B>,
 }
 
@@ -210,6 +212,7 @@ impl<B: Backend> DFlashState<B> {
     /// Forgets the context (a new sequence).
     pub fn reset(&mut self) {
         self.rows = 0;
+        self.drafted = false;
     }
 }
 
@@ -226,6 +229,10 @@ struct DScratch<B: Backend> {
     u: B::Buf,
     cs: B::Buf,
     feat: B::Buf,
+    /// The block's tokens, and the normed output of its drafted positions (the LM head's
+    /// input).
+    block: Vec<u32>,
+    out: B::Buf,
 }
 
 impl<B: Backend> Default for DScratch<B> {
@@ -243,6 +250,8 @@ impl<B: Backend> Default for DScratch<B> {
             u: B::Buf::default(),
             cs: B::Buf::default(),
             feat: B::Buf::default(),
+            block: Vec::new(),
+            out: B::Buf::default(),
         }
     }
 }
@@ -346,6 +355,7 @@ impl<B: Backend> DFlash<B> {
                 .collect(),
             rows: 0,
             capacity,
+            drafted: false,
             sc: DScratch::default(),
         }
     }
@@ -420,12 +430,14 @@ impl<B: Backend> DFlash<B> {
             b.write_kv(cache, st.rows, n, heads, kb, vb);
         }
         st.rows += n;
+        st.drafted = false;
         Ok(())
     }
 
     /// One draft pass: the block `[anchor, mask × (B − 1)]` at positions `pos ..` (the anchor's
     /// position, the target's committed length) over the context; `logits` receives
-    /// [B − 1, V] through the target's LM head.
+    /// [B − 1, V] through the target's LM head. [`draft_block`](Self::draft_block) and then
+    /// [`draft_logits`](Self::draft_logits) of every drafted position.
     pub fn draft(
         &self,
         b: &B,
@@ -435,6 +447,49 @@ impl<B: Backend> DFlash<B> {
         pos: usize,
         logits: &mut B::Buf,
     ) -> Result<()> {
+        self.draft_block(b, st, target.embed, anchor, pos)?;
+        self.draft_logits(b, st, target.head, self.cfg.block_size - 1, logits)
+    }
+
+    /// The logits of the first `n` drafted positions of the last
+    /// [`draft_block`](Self::draft_block) through the target's LM head `head`, [n, V] in the
+    /// first n·V values of `logits` (a buffer that held more keeps its length): the
+    /// rows of [`draft`](Self::draft)'s logits, for a draft that uses only the first `n`
+    /// positions (a chain of depth n, a tree no deeper) and need not pay the head's
+    /// vocabulary-wide product for the others. Errors when no block was drafted since the
+    /// last context change or `n` exceeds the block's B − 1 positions.
+    pub fn draft_logits(
+        &self,
+        b: &B,
+        st: &mut DFlashState<B>,
+        head: &B::Linear,
+        n: usize,
+        logits: &mut B::Buf,
+    ) -> Result<()> {
+        if !st.drafted {
+            bail!("DFlash: no block drafted at the current context");
+        }
+        if n >= self.cfg.block_size {
+            bail!(
+                "DFlash: {n} positions asked of a block that drafts {}",
+                self.cfg.block_size - 1
+            );
+        }
+        b.linear_at(&st.sc.out, 0, n, head, None, logits);
+        Ok(())
+    }
+
+    /// The drafter's layers over the block `[anchor, mask × (B − 1)]` at positions `pos ..`
+    /// (see [`draft`](Self::draft)): the normed output of the drafted positions is kept for
+    /// [`draft_logits`](Self::draft_logits).
+    pub fn draft_block(
+        &self,
+        b: &B,
+        st: &mut DFlashState<B>,
+        embed: &B::Linear,
+        anchor: u32,
+        pos: usize,
+    ) -> Result<()> {
         let cfg = &self.cfg;
         let (t, hs, eps) = (cfg.block_size, cfg.hidden_size, cfg.rms_norm_eps);
         if st.rows + t > st.capacity {
@@ -442,8 +497,7 @@ impl<B: Backend> DFlash<B> {
         }
         let heads = cfg.heads();
         let (nh, nkv, hd) = (heads.n_heads, heads.n_kv, heads.head_dim);
-        let mut block = vec![cfg.mask_token_id; t];
-        block[0] = anchor;
+        st.drafted = false;
         let DScratch {
             h,
             x,
@@ -456,9 +510,14 @@ impl<B: Backend> DFlash<B> {
             g,
             u,
             cs,
+            block,
+            out,
             ..
         } = &mut st.sc;
-        b.embed(target.embed, &block, h);
+        block.clear();
+        block.push(anchor);
+        block.resize(t, cfg.mask_token_id);
+        b.embed(embed, block, h);
         if cfg.input_embedding_scale != 1.0 {
             b.scale_inplace(h, t * hs, cfg.input_embedding_scale);
         }
@@ -504,8 +563,8 @@ impl<B: Backend> DFlash<B> {
         if pending {
             b.add_inplace(h, z, t * hs);
         }
-        b.rms_norm_rows(h, 1, t - 1, &self.norm, eps, x);
-        b.linear(x, t - 1, target.head, None, logits);
+        b.rms_norm_rows(h, 1, t - 1, &self.norm, eps, out);
+        st.drafted = true;
         Ok(())
     }
 }

@@ -125,6 +125,49 @@ fn dflash_tiny_from_the_targets_own_taps() {
     assert!(err < 1e-4, "max abs err {err}");
 }
 
+/// The LM head over the first n drafted positions gives exactly those rows of the whole
+/// block's logits (each row's product is its own), and asking before a block or past it errs.
+#[test]
+fn draft_logits_of_the_first_positions_are_the_blocks_rows() {
+    let target = load(&shared_fixture("qwen35-tiny"));
+    let r = Reference::open(drafter_dir().join("reference.safetensors"));
+    let d = DFlash::load(
+        &drafter_dir(),
+        target.cfg.hidden_size,
+        target.cfg.vocab_size,
+    )
+    .unwrap();
+    let head = io(&target).head;
+    let mut st = d.new_state(&Cpu, 64);
+    let mut part = Vec::new();
+    assert!(d.draft_logits(&Cpu, &mut st, head, 1, &mut part).is_err());
+    d.add_context(&Cpu, &mut st, 0, 40, r.f("features"))
+        .unwrap();
+    let mut all = Vec::new();
+    d.draft(&Cpu, &mut st, io(&target), r.ids("anchor")[0], 40, &mut all)
+        .unwrap();
+    let v = target.cfg.vocab_size;
+    let positions = d.cfg.block_size - 1;
+    assert_eq!(all.len(), positions * v);
+    // Growing, then fewer positions into the longer buffer.
+    for n in [1, 2, 5, positions, 3] {
+        d.draft_logits(&Cpu, &mut st, head, n, &mut part).unwrap();
+        assert!(part.len() >= n * v);
+        assert!(
+            part[..n * v] == all[..n * v],
+            "{n} positions differ from the block's rows"
+        );
+    }
+    assert!(
+        d.draft_logits(&Cpu, &mut st, head, positions + 1, &mut part)
+            .is_err()
+    );
+    // New context invalidates the block.
+    d.add_context(&Cpu, &mut st, 40, 6, r.f("features2"))
+        .unwrap();
+    assert!(d.draft_logits(&Cpu, &mut st, head, 1, &mut part).is_err());
+}
+
 #[test]
 fn a_drafter_for_another_target_is_refused() {
     let e = DFlash::load(&drafter_dir(), 576, 512)
