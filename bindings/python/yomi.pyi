@@ -53,6 +53,8 @@ class Model:
         ctx_size: Optional[int] = None,
         threads: Optional[int] = None,
         kv_cache: Literal["f16", "f32"] = "f16",
+        draft_model: Union[str, "os.PathLike[str]", None] = None,
+        draft_tree: Literal["tree", "chain"] = "tree",
     ) -> None: ...
     @property
     def device(self) -> str:
@@ -72,7 +74,7 @@ class Model:
         top_k: Optional[int] = None,
         min_p: Optional[float] = None,
         seed: Optional[int] = None,
-        draft: Literal["suffix", "none"] = "suffix",
+        draft: Literal["suffix", "dflash", "none"] = "suffix",
         draft_budget: int = 16,
         stop: Union[str, Sequence[str], None] = None,
         enable_thinking: Optional[bool] = None,
@@ -89,7 +91,7 @@ class Model:
         top_k: Optional[int] = None,
         min_p: Optional[float] = None,
         seed: Optional[int] = None,
-        draft: Literal["suffix", "none"] = "suffix",
+        draft: Literal["suffix", "dflash", "none"] = "suffix",
         draft_budget: int = 16,
         stop: Union[str, Sequence[str], None] = None,
         enable_thinking: Optional[bool] = None,

@@ -133,6 +133,32 @@ def test_bad_path_raises_with_the_engine_message(monkeypatch):
         yomi.Model("hf:no-org/no-model")
 
 
+DFLASH = ROOT / "crates" / "yomi-models" / "tests" / "data" / "dflash-tiny"
+
+
+def test_dflash_drafting_matches_plain_decoding(model):
+    """`draft_model=` attaches the DFlash drafter (the random tiny fixture drafter for this
+    fixture): `draft="dflash"` gives plain decoding's tokens, greedy and seeded, as trees and
+    chains, and matches `yomi run --draft dflash`."""
+    for shape in ("tree", "chain"):
+        drafted = yomi.Model(str(MODEL_DIR), device="cpu", draft_model=str(DFLASH), draft_tree=shape)
+        for kw in ({"temperature": 0}, {"temperature": 0.8, "top_p": 0.95, "seed": 7}):
+            plain = model.generate(PROMPT, max_tokens=32, draft="none", **kw)
+            got = drafted.generate(PROMPT, max_tokens=32, draft="dflash", **kw)
+            assert got.tokens == plain.tokens, (shape, kw)
+            assert got.stats["generated_tokens"] == len(got.tokens)
+    cli = cli_run(PROMPT, "--raw", "--max-tokens", "32", "--temperature", "0", "--draft", "dflash",
+                  "--draft-model", str(DFLASH))
+    assert cli["output_ids"] == model.generate(PROMPT, max_tokens=32, temperature=0, draft="none").tokens
+    # Without a drafter, "dflash" is an error, not plain decoding in disguise.
+    with pytest.raises(ValueError, match="draft_model"):
+        model.generate(PROMPT, draft="dflash")
+    with pytest.raises(ValueError, match="draft_tree"):
+        yomi.Model(str(MODEL_DIR), device="cpu", draft_model=str(DFLASH), draft_tree="bush")
+    with pytest.raises(yomi.YomiError, match="DFlash"):
+        yomi.Model(str(MODEL_DIR), device="cpu", draft_model=str(ROOT / "no-such-drafter"))
+
+
 def test_bad_arguments_raise(model):
     with pytest.raises(ValueError, match="temperature"):
         model.generate(PROMPT, temperature=-1)

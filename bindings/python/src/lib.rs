@@ -37,6 +37,7 @@ use pyo3::exceptions::{PyFileNotFoundError, PyRuntimeError, PyTypeError, PyValue
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use yomi_core::SamplerParams;
+use yomi_engine::dflash_drafter::DraftShape;
 use yomi_engine::generate::DEFAULT_DRAFT_BUDGET;
 use yomi_engine::stats::StatsRecorder;
 use yomi_engine::template::ChatMessage;
@@ -159,10 +160,13 @@ fn random_seed() -> u64 {
     h.finish()
 }
 
-/// A loaded model: `Model(path, device="auto", *, ctx_size=None, threads=None, kv_cache="f16")`.
+/// A loaded model: `Model(path, device="auto", *, ctx_size=None, threads=None, kv_cache="f16",
+/// draft_model=None, draft_tree="tree")`.
 #[pyclass(module = "yomi", frozen)]
 struct Model {
     engine: Arc<Engine>,
+    /// A DFlash drafter is attached (`draft_model`): `draft="dflash"` drafts with it.
+    dflash: bool,
     /// The sequence state, reused from request to request; held by the running generation,
     /// which makes a second one wait for it.
     state: Arc<Mutex<Option<State>>>,
@@ -448,7 +452,12 @@ impl Stream {
 #[pymethods]
 impl Model {
     #[new]
-    #[pyo3(signature = (path, device = "auto", *, ctx_size = None, threads = None, kv_cache = "f16"))]
+    // One argument per Python keyword.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (
+        path, device = "auto", *, ctx_size = None, threads = None, kv_cache = "f16",
+        draft_model = None, draft_tree = "tree"
+    ))]
     fn new(
         py: Python<'_>,
         path: PathBuf,
@@ -456,6 +465,8 @@ impl Model {
         ctx_size: Option<usize>,
         threads: Option<usize>,
         kv_cache: &str,
+        draft_model: Option<PathBuf>,
+        draft_tree: &str,
     ) -> PyResult<Model> {
         if !matches!(device, "cpu" | "cuda" | "auto") {
             return Err(PyValueError::new_err(format!(
@@ -465,6 +476,9 @@ impl Model {
         let kv: KvDtype = kv_cache
             .parse()
             .map_err(|e| PyValueError::new_err(format!("kv_cache={kv_cache:?}: {e}")))?;
+        let shape: DraftShape = draft_tree
+            .parse()
+            .map_err(|e| PyValueError::new_err(format!("draft_tree={draft_tree:?}: {e}")))?;
         // The environment, read as `yomi` reads it (YOMI_*, HF_HUB_CACHE, …).
         let settings = Settings::from_env().map_err(|e| value_err(one_line(&e)))?;
         settings.install().map_err(engine_err)?;
@@ -476,7 +490,12 @@ impl Model {
             pass_threads: settings.pass_threads,
             pass_trace: settings.pass_trace,
         };
-        let (engine, note) = py.detach(|| load(&path, device, &opts, &settings))?;
+        let (mut engine, note) = py.detach(|| load(&path, device, &opts, &settings))?;
+        // The DFlash drafter, as `yomi run --draft dflash --draft-model DIR` attaches it.
+        if let Some(dir) = &draft_model {
+            py.detach(|| engine.attach_dflash(dir, shape))
+                .map_err(engine_err)?;
+        }
         if let Some(note) = note {
             let warning = py.get_type::<pyo3::exceptions::PyRuntimeWarning>();
             py.import("warnings")?
@@ -485,6 +504,7 @@ impl Model {
         let device = engine.device();
         Ok(Model {
             engine: Arc::new(engine),
+            dflash: draft_model.is_some(),
             state: Arc::new(Mutex::new(None)),
             device,
         })
@@ -551,6 +571,13 @@ impl Model {
                 self.engine.path.display()
             )));
         }
+        let draft = draft.parse::<DraftMode>().map_err(value_err)?;
+        if draft == DraftMode::DFlash && !self.dflash {
+            return Err(PyValueError::new_err(
+                "draft=\"dflash\" needs a DFlash drafter: load the model with \
+                 yomi.Model(path, draft_model=DIR)",
+            ));
+        }
         let d = &self.engine.defaults;
         let params = GenerateParams {
             max_tokens,
@@ -562,7 +589,7 @@ impl Model {
                 seed: seed.unwrap_or_else(random_seed),
             },
             stop: stop_strings(stop)?,
-            draft: draft.parse::<DraftMode>().map_err(value_err)?,
+            draft,
             draft_budget,
         };
         params.validate().map_err(value_err)?;
