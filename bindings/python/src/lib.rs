@@ -139,7 +139,7 @@ fn load_on_gpu(
     opts: &EngineOptions,
     settings: &Settings,
 ) -> Result<Engine, (anyhow::Error, bool)> {
-    let mut up = yomi_cuda::model::Uploader::open(0, &settings.cuda).map_err(|e| (e, true))?;
+    let mut up = yomi_engine::cuda::Uploader::open(0, &settings.cuda).map_err(|e| (e, true))?;
     let mut engine = Engine::load_into(path, opts, &mut |_, _| {}, Some(&mut up))
         .map_err(|e| (e, up.failed()))?;
     up.finish(&mut engine.model).map_err(|e| (e, true))?;

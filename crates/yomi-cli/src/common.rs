@@ -101,7 +101,7 @@ fn load_on_gpu(
     opts: &EngineOptions,
     settings: &Settings,
 ) -> Result<Engine, (anyhow::Error, bool)> {
-    let mut up = yomi_cuda::model::Uploader::open(0, &settings.cuda).map_err(|e| (e, true))?;
+    let mut up = yomi_engine::cuda::Uploader::open(0, &settings.cuda).map_err(|e| (e, true))?;
     let mut engine = with_bar(m, "loading to the GPU", |progress| {
         Engine::load_into(&m.model, opts, progress, Some(&mut up))
     })

@@ -22,7 +22,7 @@
 //! | `YOMI_CUDA_CUBLAS` | `1`, `0` | GEMMs (linear layers of more than 32 rows) through cuBLAS when libcublas loads, or yomi's own tensor-core GEMM | [`yomi_cuda::CudaOptions::cublas`] |
 //! | `YOMI_CUDA_GEMM_LO` | `1`, `0` | the GEMMs keep the activations' low bf16 plane (~16 bits), or drop it (bf16 activations, faster, relative error about 1.5e-3) | [`yomi_cuda::CudaOptions::gemm_lo`] |
 //! | `YOMI_CUDA_GEMM` | `1`, `0` | linear layers of more than 32 rows as GEMMs, or as 32-row GEMVs | [`yomi_cuda::CudaOptions::gemm`] |
-//! | `YOMI_CUDA_CHUNK` | `1`, `0` | prompts through the GPU in layer-major passes of up to 2048 tokens, or the whole model per 32 tokens | [`yomi_cuda::CudaOptions::chunk`] |
+//! | `YOMI_CUDA_CHUNK` | `1`, `0` | prompts through the GPU in passes of up to 2048 tokens (each weight read once per pass), or in the engine's own 256-token passes | [`yomi_cuda::CudaOptions::chunk`] |
 //! | `XDG_CACHE_HOME`, `HOME` | paths | the compiled GPU kernels are cached in `$XDG_CACHE_HOME/yomi/kernels` (when absolute), else `$HOME/.cache/yomi/kernels`, else not at all | [`yomi_cuda::CudaOptions::kernel_cache_dir`] |
 //! | `YOMI_API_KEY` | unset, a key | the bearer token of `serve` (required on `/v1/*`) and `bench` (sent) when `--api-key` is not given | [`Settings::api_key`] |
 //! | `HF_HUB_CACHE`, `HF_HOME` (and `XDG_CACHE_HOME`, `HOME`) | paths | the Hugging Face cache that `--model hf:ORG/NAME` reads and `yomi pull` writes, as `huggingface_hub` finds it: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `$XDG_CACHE_HOME/huggingface/hub`, else `$HOME/.cache/huggingface/hub` | [`Settings::hf_cache`] |

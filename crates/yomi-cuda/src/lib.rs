@@ -1,9 +1,11 @@
 //! yomi's CUDA backend (DESIGN §5): whole models on an NVIDIA GPU behind `--device cuda|auto`.
 //!
-//! - `model/`: the [`yomi_models::Accelerator`] that runs a loaded model's passes on the device
-//!   (weights uploaded once, fused projections, a device state per sequence under the DESIGN §4
-//!   pending → commit contract, sub-passes of 32 rows, layer-major chunk passes of up to 2048
-//!   rows for prefill chains, CUDA graphs per pass shape).
+//! - `backend.rs`: the op set of `yomi_core::backend` on the device, so the architecture files
+//!   of `yomi-models` run here as on the CPU (fused projections read through strided views,
+//!   mixer cores in pieces of 32 rows, the pending → commit contract of DESIGN §4).
+//!   The executor that runs a loaded model's passes through it (weights uploaded once, a device
+//!   state per sequence, CUDA graphs per pass shape) is `yomi_engine::cuda`: this crate knows
+//!   nothing of models.
 //! - The ops, each checked against its yomi-cpu twin by the `#[ignore]`d tests in
 //!   `tests/gpu*.rs` (H200 numbers in bench/RESULTS.md): RMSNorm, RoPE, SwiGLU (`ops.rs`,
 //!   `glue.rs`); GEMV over T ≤ 32 rows for f32/bf16/f16 (`gemv.cu`, SIMT and tensor-core
@@ -34,6 +36,7 @@
 //! opened; the crate reads no environment.
 
 pub mod attention;
+pub mod backend;
 mod conv;
 mod device;
 mod error;
@@ -43,7 +46,6 @@ pub use gemm::GemmRoute;
 pub use glue::{AttnPrepSources, GdnConvArgs, GdnGateArgs};
 pub mod kernels;
 mod launch;
-pub mod model;
 mod ops;
 mod options;
 mod quant;

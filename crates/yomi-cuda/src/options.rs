@@ -44,9 +44,8 @@ pub struct CudaOptions {
     /// true); false drops it: bf16 activations, faster, relative error about 1.5e-3
     /// (`YOMI_CUDA_GEMM_LO=0`).
     pub gemm_lo: bool,
-    /// Run chains of more than 32 rows whose logits are wanted for the last row or none as
-    /// layer-major chunk passes of up to `CHUNK_ROWS` rows (default true); false runs the whole
-    /// model per 32 rows, the reference (`YOMI_CUDA_CHUNK=0`).
+    /// Ask the engine for prefill passes of `CHUNK_ROWS` rows, so each weight is read once per
+    /// chunk (default true); false leaves the engine's own prefill size (`YOMI_CUDA_CHUNK=0`).
     pub chunk: bool,
     /// Where compiled kernels (PTX) are cached between processes; None compiles them in every
     /// process. Default None; the `yomi` binary passes

@@ -2,6 +2,7 @@
 //! stats (DESIGN §2, §8).
 
 pub mod constraint;
+pub mod cuda;
 pub mod dflash_drafter;
 pub mod drafting;
 pub mod engine;

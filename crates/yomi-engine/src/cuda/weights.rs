@@ -1,102 +1,31 @@
 //! The device copy of a model's weights, uploaded from the host [`Model`] once.
 
+use std::sync::Arc;
+
 use anyhow::{Context, Result};
 use cudarc::driver::CudaSlice;
 use yomi_models::Model;
-use yomi_models::model::{Layer, Mixer};
+use yomi_models::model::{AttnWeights, GdnWeights, Layer, Mixer, Mlp};
 use yomi_weights::{Matrix, QuantType, Rope, WeightData};
 
-use crate::device::CudaDevice;
-use crate::ops::{DeviceMatrix, GateUpMatrix, WeightDtype};
-use crate::quant::QuantFormat;
+use yomi_cuda::CudaDevice;
+use yomi_cuda::QuantFormat;
+use yomi_cuda::backend::{Cuda, DevLinear, Stack, StackKind};
+use yomi_cuda::{DeviceMatrix, GateUpMatrix, WeightDtype};
 
-/// Projections of one input that run together: one matrix of their rows stacked when they are
-/// stored alike (one GEMV launch reads them all; its output rows are side by side per row),
-/// else one matrix each. Either way output row r of piece p is computed alike, so the results
-/// do not depend on the fusion.
-// A few per layer, built once: the variants' size difference does not matter.
-#[allow(clippy::large_enum_variant)]
-pub(super) enum Proj {
-    Fused {
-        w: DeviceMatrix,
-        bias: Option<CudaSlice<f32>>,
-        /// Output rows of each piece, in order.
-        widths: Vec<usize>,
-    },
-    Split(Vec<(DeviceMatrix, Option<CudaSlice<f32>>)>),
-}
-
-impl Proj {
-    fn bytes(&self) -> usize {
-        match self {
-            Proj::Fused { w, .. } => w.size_bytes(),
-            Proj::Split(v) => v.iter().map(|(m, _)| m.size_bytes()).sum(),
-        }
-    }
-}
-
-/// The MLP's gate and up projections.
-// One per layer, built once: the variants' size difference does not matter.
-#[allow(clippy::large_enum_variant)]
-pub(super) enum GateUp {
-    /// bf16, fused, rows interleaved: one launch writes silu(gate)·up
-    /// ([`CudaDevice::linear_swiglu`], bit-identical to the stacked matrix and `swiglu_pair`).
-    Swiglu(GateUpMatrix),
-    /// Other formats, an intermediate size that is not a multiple of 8, or `CudaOptions::fuse` false:
-    /// one stacked matrix then `swiglu_pair`, or two matrices then `swiglu`.
-    Proj(Proj),
-}
-
-impl GateUp {
-    fn bytes(&self) -> usize {
-        match self {
-            GateUp::Swiglu(m) => m.size_bytes(),
-            GateUp::Proj(p) => p.bytes(),
-        }
-    }
-}
-
-pub(super) struct DevAttn {
-    /// q (with the gate rows when gated), k, v.
-    pub qkv: Proj,
-    pub o: DeviceMatrix,
-    pub o_bias: Option<CudaSlice<f32>>,
-    pub q_norm: Option<CudaSlice<f32>>,
-    pub k_norm: Option<CudaSlice<f32>>,
-}
-
-pub(super) struct DevGdn {
-    /// qkv (conv input), z, b, a.
-    pub in_proj: Proj,
-    pub out: DeviceMatrix,
-    /// [conv_dim, K]
-    pub conv: CudaSlice<f32>,
-    pub neg_exp_a: CudaSlice<f32>,
-    pub dt_bias: CudaSlice<f32>,
-    pub norm: CudaSlice<f32>,
-}
-
-pub(super) enum DevMixer {
-    Attention(DevAttn),
-    Gdn(DevGdn),
-}
-
-pub(super) struct DevLayer {
-    pub input_norm: CudaSlice<f32>,
-    pub post_norm: CudaSlice<f32>,
-    pub mixer: DevMixer,
-    pub gate_up: GateUp,
-    pub down: DeviceMatrix,
-}
-
-pub(super) struct DevWeights {
-    pub embed: DeviceMatrix,
-    pub layers: Vec<DevLayer>,
+/// A model's weights on the device, in the layout the CUDA op set reads (`yomi_cuda::backend`):
+/// projections of one input stacked into one matrix where their storage allows.
+pub struct DevWeights {
+    pub embed: DevLinear,
+    pub layers: Vec<Layer<Cuda>>,
     pub final_norm: CudaSlice<f32>,
     /// None: tied to the embedding.
-    pub lm_head: Option<DeviceMatrix>,
+    pub lm_head: Option<DevLinear>,
     /// RoPE inverse frequencies [rotary_dim / 2] (llama3 / linear scaling already applied).
-    pub inv_freq: CudaSlice<f32>,
+    pub inv_freq: Arc<CudaSlice<f32>>,
+    /// The host's rotary table (the pass's rows are set through it; the device rotates from
+    /// positions and `inv_freq`).
+    pub rope: Rope,
 }
 
 /// Uploads one matrix in its own format: f32/bf16/f16 as they are, GGML blocks as blocks (the
@@ -181,12 +110,13 @@ fn stacked(parts: &[&Matrix]) -> Option<Matrix> {
 }
 
 /// Uploads projections of one input, stacked into one matrix when `fuse` and their storage
-/// allows (`CudaOptions::fuse` false keeps them apart, for comparisons).
+/// allows (`CudaOptions::fuse` false keeps them apart, for comparisons): one [`DevLinear`] per
+/// piece, and each piece's own bias (None for stacked pieces, whose biases are the stack's).
 fn upload_proj(
     dev: &CudaDevice,
     parts: &[(&Matrix, Option<&Vec<f32>>)],
     fuse: bool,
-) -> Result<Proj> {
+) -> Result<Vec<(DevLinear, Option<CudaSlice<f32>>)>> {
     let mats: Vec<&Matrix> = parts.iter().map(|p| p.0).collect();
     if fuse
         && parts.len() > 1
@@ -204,40 +134,53 @@ fn upload_proj(
         } else {
             None
         };
-        return Ok(Proj::Fused {
-            w: upload_matrix(dev, &m)?,
+        let stack = Arc::new(Stack {
+            kind: StackKind::Rows(upload_matrix(dev, &m)?),
             bias,
             widths: mats.iter().map(|m| m.rows).collect(),
         });
+        return Ok((0..parts.len())
+            .map(|i| (DevLinear::Part(stack.clone(), i), None))
+            .collect());
     }
     let mut v = Vec::with_capacity(parts.len());
     for (m, b) in parts {
         v.push((
-            upload_matrix(dev, m)?,
+            DevLinear::Own(upload_matrix(dev, m)?),
             b.map(|b| upload_vec(dev, b)).transpose()?,
         ));
     }
-    Ok(Proj::Split(v))
+    Ok(v)
 }
 
 /// The MLP's gate and up: interleaved for the SwiGLU epilogue when `fuse` and both are bf16
 /// [I, K] with I and K multiples of 8, else as [`upload_proj`] uploads them.
-fn upload_gate_up(dev: &CudaDevice, gate: &Matrix, up: &Matrix, fuse: bool) -> Result<GateUp> {
+fn upload_gate_up(
+    dev: &CudaDevice,
+    gate: &Matrix,
+    up: &Matrix,
+    fuse: bool,
+) -> Result<(DevLinear, DevLinear)> {
     if fuse
         && (gate.rows, gate.cols) == (up.rows, up.cols)
         && gate.rows.is_multiple_of(8)
         && gate.cols.is_multiple_of(8)
         && let (WeightData::Bf16(g), WeightData::Bf16(u)) = (&gate.data, &up.data)
     {
-        return Ok(GateUp::Swiglu(GateUpMatrix::from_bf16_bits(
-            dev, gate.rows, gate.cols, g, u,
-        )?));
+        let stack = Arc::new(Stack {
+            kind: StackKind::GateUp(GateUpMatrix::from_bf16_bits(
+                dev, gate.rows, gate.cols, g, u,
+            )?),
+            bias: None,
+            widths: vec![gate.rows, up.rows],
+        });
+        return Ok((DevLinear::Part(stack.clone(), 0), DevLinear::Part(stack, 1)));
     }
-    Ok(GateUp::Proj(upload_proj(
-        dev,
-        &[(gate, None), (up, None)],
-        fuse,
-    )?))
+    let mut v = upload_proj(dev, &[(gate, None), (up, None)], fuse)?.into_iter();
+    match (v.next(), v.next()) {
+        (Some((g, _)), Some((u, _))) => Ok((g, u)),
+        _ => anyhow::bail!("gate and up uploaded as fewer than two projections"),
+    }
 }
 
 fn upload_vec(dev: &CudaDevice, v: &[f32]) -> Result<CudaSlice<f32>> {
@@ -248,11 +191,11 @@ fn upload_opt(dev: &CudaDevice, v: &Option<Vec<f32>>) -> Result<Option<CudaSlice
     v.as_deref().map(|x| upload_vec(dev, x)).transpose()
 }
 
-/// One layer's weights on the device (projections fused per `fuse`, see [`Proj`]).
-pub(super) fn upload_layer(dev: &CudaDevice, l: &Layer, fuse: bool) -> Result<DevLayer> {
+/// One layer's weights on the device (projections fused per `fuse`, see [`upload_proj`]).
+pub(super) fn upload_layer(dev: &CudaDevice, l: &Layer, fuse: bool) -> Result<Layer<Cuda>> {
     let mixer = match &l.mixer {
-        Mixer::Attention(w) => DevMixer::Attention(DevAttn {
-            qkv: upload_proj(
+        Mixer::Attention(w) => {
+            let mut p = upload_proj(
                 dev,
                 &[
                     (&w.q, w.q_bias.as_ref()),
@@ -260,37 +203,69 @@ pub(super) fn upload_layer(dev: &CudaDevice, l: &Layer, fuse: bool) -> Result<De
                     (&w.v, w.v_bias.as_ref()),
                 ],
                 fuse,
-            )?,
-            o: upload_matrix(dev, &w.o)?,
-            o_bias: upload_opt(dev, &w.o_bias)?,
-            q_norm: upload_opt(dev, &w.q_norm)?,
-            k_norm: upload_opt(dev, &w.k_norm)?,
-        }),
-        Mixer::Gdn(w) => DevMixer::Gdn(DevGdn {
-            in_proj: upload_proj(
+            )?
+            .into_iter();
+            let (Some((q, q_bias)), Some((k, k_bias)), Some((v, v_bias))) =
+                (p.next(), p.next(), p.next())
+            else {
+                anyhow::bail!("attention projections uploaded as fewer than three");
+            };
+            Mixer::Attention(AttnWeights {
+                q,
+                k,
+                v,
+                o: DevLinear::Own(upload_matrix(dev, &w.o)?),
+                q_bias,
+                k_bias,
+                v_bias,
+                o_bias: upload_opt(dev, &w.o_bias)?,
+                q_norm: upload_opt(dev, &w.q_norm)?,
+                k_norm: upload_opt(dev, &w.k_norm)?,
+            })
+        }
+        Mixer::Gdn(w) => {
+            let mut p = upload_proj(
                 dev,
                 &[(&w.qkv, None), (&w.z, None), (&w.b, None), (&w.a, None)],
                 fuse,
-            )?,
-            out: upload_matrix(dev, &w.out)?,
-            conv: upload_vec(dev, &w.conv)?,
-            neg_exp_a: upload_vec(dev, &w.neg_exp_a)?,
-            dt_bias: upload_vec(dev, &w.dt_bias)?,
-            norm: upload_vec(dev, &w.norm)?,
-        }),
+            )?
+            .into_iter()
+            .map(|(m, _)| m);
+            let (Some(qkv), Some(z), Some(b), Some(a)) = (p.next(), p.next(), p.next(), p.next())
+            else {
+                anyhow::bail!("GDN in-projections uploaded as fewer than four");
+            };
+            Mixer::Gdn(GdnWeights {
+                qkv,
+                z,
+                b,
+                a,
+                conv: upload_vec(dev, &w.conv)?,
+                neg_exp_a: upload_vec(dev, &w.neg_exp_a)?,
+                dt_bias: upload_vec(dev, &w.dt_bias)?,
+                norm: upload_vec(dev, &w.norm)?,
+                out: DevLinear::Own(upload_matrix(dev, &w.out)?),
+            })
+        }
     };
-    Ok(DevLayer {
+    let (gate, up) = upload_gate_up(dev, &l.mlp.gate, &l.mlp.up, fuse)?;
+    Ok(Layer {
         input_norm: upload_vec(dev, &l.input_norm)?,
         post_norm: upload_vec(dev, &l.post_norm)?,
         mixer,
-        gate_up: upload_gate_up(dev, &l.mlp.gate, &l.mlp.up, fuse)?,
-        down: upload_matrix(dev, &l.mlp.down)?,
+        mlp: Mlp {
+            gate,
+            up,
+            down: DevLinear::Own(upload_matrix(dev, &l.mlp.down)?),
+        },
     })
 }
 
 /// The embedding on the device.
-pub(super) fn upload_embed(dev: &CudaDevice, embed: &Matrix) -> Result<DeviceMatrix> {
-    upload_matrix(dev, embed).context("uploading the embedding")
+pub(super) fn upload_embed(dev: &CudaDevice, embed: &Matrix) -> Result<DevLinear> {
+    Ok(DevLinear::Own(
+        upload_matrix(dev, embed).context("uploading the embedding")?,
+    ))
 }
 
 impl DevWeights {
@@ -325,14 +300,14 @@ impl DevWeights {
     /// (None: tied) and the rotary frequencies uploaded now.
     pub(super) fn from_parts(
         dev: &CudaDevice,
-        embed: DeviceMatrix,
-        layers: Vec<DevLayer>,
+        embed: DevLinear,
+        layers: Vec<Layer<Cuda>>,
         final_norm: &[f32],
         lm_head: Option<&Matrix>,
         rope: &Rope,
     ) -> Result<Self> {
         let lm_head = lm_head
-            .map(|m| upload_matrix(dev, m))
+            .map(|m| upload_matrix(dev, m).map(DevLinear::Own))
             .transpose()
             .context("uploading the LM head")?;
         Ok(DevWeights {
@@ -340,19 +315,40 @@ impl DevWeights {
             layers,
             final_norm: upload_vec(dev, final_norm)?,
             lm_head,
-            inv_freq: upload_vec(dev, &rope.inv_freq)?,
+            inv_freq: Arc::new(upload_vec(dev, &rope.inv_freq)?),
+            rope: rope.clone(),
         })
     }
 
-    /// Device bytes of all matrices.
+    /// Device bytes of all matrices (a stack counted once).
     pub fn matrix_bytes(&self) -> usize {
-        let mut n = self.embed.size_bytes() + self.lm_head.as_ref().map_or(0, |m| m.size_bytes());
+        fn bytes(w: &DevLinear, seen: &mut Vec<*const Stack>) -> usize {
+            match w {
+                DevLinear::Own(m) => m.size_bytes(),
+                DevLinear::Part(s, _) => {
+                    let p = Arc::as_ptr(s);
+                    if seen.contains(&p) {
+                        return 0;
+                    }
+                    seen.push(p);
+                    match &s.kind {
+                        StackKind::Rows(m) => m.size_bytes(),
+                        StackKind::GateUp(g) => g.size_bytes(),
+                    }
+                }
+            }
+        }
+        let mut seen = Vec::new();
+        let mut n = bytes(&self.embed, &mut seen)
+            + self.lm_head.as_ref().map_or(0, |m| bytes(m, &mut seen));
         for l in &self.layers {
-            n += l.gate_up.bytes() + l.down.size_bytes();
-            n += match &l.mixer {
-                DevMixer::Attention(a) => a.qkv.bytes() + a.o.size_bytes(),
-                DevMixer::Gdn(g) => g.in_proj.bytes() + g.out.size_bytes(),
+            let ws: Vec<&DevLinear> = match &l.mixer {
+                Mixer::Attention(a) => vec![&a.q, &a.k, &a.v, &a.o],
+                Mixer::Gdn(g) => vec![&g.qkv, &g.z, &g.b, &g.a, &g.out],
             };
+            for w in ws.into_iter().chain([&l.mlp.gate, &l.mlp.up, &l.mlp.down]) {
+                n += bytes(w, &mut seen);
+            }
         }
         n
     }

@@ -3,7 +3,6 @@
 //! the weights and hangs the accelerator on the model, after which `Model::forward`/`commit`
 //! (and so the engine, CLI and server) run here.
 
-mod chunk;
 mod forward;
 mod prefix;
 mod state;
@@ -16,20 +15,29 @@ use anyhow::{Result, anyhow};
 use yomi_core::{TopRows, TreeBatch};
 use yomi_models::{AccelState, Accelerator, HiddenTaps, LogitRows, Model, ModelConfig};
 
-use crate::device::CudaDevice;
-pub use chunk::CHUNK_ROWS;
 pub use state::{CudaState, MAX_ROWS};
 pub use stream::Uploader;
 use weights::DevWeights;
+use yomi_cuda::CudaDevice;
+use yomi_cuda::backend::Cuda;
+
+/// The most rows one pass runs at once (longer chains run as segments of this many), and the
+/// prefill pass the engine is asked for (`Accelerator::prefill_rows`). Its buffers at
+/// Qwen3.5-9B shapes (hidden 4096, fused GDN in-projection 12352 wide, intermediate 12288):
+/// ≈ 360 MB of activations, plus the GEMM's scratch (bf16 planes of x ≈ 100 MB, the unpacked
+/// gate|up ≈ 200 MB). The cuBLAS GEMM runs at 246 TFLOP/s with 512 rows and 333 with 2048
+/// (H200, hi + lo planes).
+pub const CHUNK_ROWS: usize = 2048;
+const _: () = assert!(CHUNK_ROWS.is_multiple_of(MAX_ROWS));
 
 /// A model's weights on one device, ready to run passes.
 pub struct CudaModel {
     dev: Arc<CudaDevice>,
     cfg: ModelConfig,
     w: DevWeights,
-    /// Replay passes of up to MAX_ROWS rows as CUDA graphs ([`crate::CudaOptions::graphs`]).
+    /// Replay passes of up to MAX_ROWS rows as CUDA graphs ([`yomi_cuda::CudaOptions::graphs`]).
     graphs: bool,
-    /// Rank logits on the device and copy back candidates only ([`crate::CudaOptions::topk`];
+    /// Rank logits on the device and copy back candidates only ([`yomi_cuda::CudaOptions::topk`];
     /// off, every pass copies its full logits rows).
     topk: bool,
 }
@@ -80,7 +88,8 @@ impl CudaModel {
 
     /// A device state for up to `capacity` tokens, for benchmarks that drive passes directly.
     pub fn new_cuda_state(&self, capacity: usize) -> Result<CudaState> {
-        CudaState::new(&self.dev, &self.cfg, capacity)
+        let b = Cuda::new(self.dev.clone(), self.w.inv_freq.clone());
+        CudaState::new(b, &self.cfg, capacity)
     }
 
     /// One pass over `tokens`/`tree` from the state's `committed` rows, LM head on every row,
@@ -111,43 +120,17 @@ impl CudaModel {
     }
 
     /// A chain pass of `tokens` after `committed` rows with the logits of `which` into `logits`,
-    /// left pending ([`CudaModel::commit_chain`] commits it). A chain of more than [`MAX_ROWS`]
-    /// rows runs as chunk passes of at most `chunk_rows` rows (a multiple of MAX_ROWS up to
-    /// [`CHUNK_ROWS`]), or with None as sub-passes of MAX_ROWS rows, whatever the device's
-    /// `chunk` option says. For tests and benchmarks that compare the two in one process.
-    pub fn forward_chain_with(
+    /// left pending ([`CudaModel::commit_chain`] commits it).
+    pub fn forward_chain(
         &self,
         st: &mut CudaState,
         committed: usize,
         tokens: &[u32],
         which: LogitRows,
-        chunk_rows: Option<usize>,
         logits: &mut Vec<f32>,
     ) -> Result<()> {
-        if tokens.is_empty() {
-            anyhow::bail!("a chain pass needs at least one token");
-        }
-        if let Some(k) = chunk_rows
-            && (k == 0 || k > CHUNK_ROWS || !k.is_multiple_of(MAX_ROWS))
-        {
-            anyhow::bail!(
-                "chunk passes take a positive multiple of {MAX_ROWS} rows up to {CHUNK_ROWS}, not {k}"
-            );
-        }
-        if chunk_rows.is_some() && which == LogitRows::All && tokens.len() > MAX_ROWS {
-            anyhow::bail!("chunk passes give logits of the last row or none, not of every row");
-        }
         let tree = TreeBatch::chain(tokens.len());
-        self.forward_pass(
-            st,
-            committed,
-            tokens,
-            &tree,
-            which,
-            Some(logits),
-            chunk_rows,
-            None,
-        )
+        self.run_forward(st, committed, tokens, &tree, which, logits, None)
     }
 
     /// Commits the whole pending chain of `rows` rows (the last pass's) after `committed`.
@@ -172,11 +155,11 @@ impl CudaModel {
 /// What the kernels need of the shapes; anything else is a clear error before any upload.
 fn check_supported(cfg: &ModelConfig) -> Result<()> {
     if cfg.layer_kinds.contains(&yomi_models::LayerKind::Attention)
-        && !crate::attention::ATTN_HEAD_DIMS.contains(&cfg.head_dim)
+        && !yomi_cuda::ATTN_HEAD_DIMS.contains(&cfg.head_dim)
     {
         anyhow::bail!(
             "the CUDA attention kernels take head_dim in {:?}, not {}",
-            crate::attention::ATTN_HEAD_DIMS,
+            yomi_cuda::ATTN_HEAD_DIMS,
             cfg.head_dim
         );
     }
@@ -204,9 +187,9 @@ impl Accelerator for CudaModel {
         format!("cuda:{} ({})", self.dev.ordinal(), self.dev.name())
     }
 
-    /// One chunk pass: every weight is read once per CHUNK_ROWS prompt tokens.
+    /// Prefill passes of CHUNK_ROWS rows: every weight is read once per CHUNK_ROWS prompt tokens.
     fn prefill_rows(&self) -> Option<usize> {
-        self.dev.options().chunk.then_some(chunk::CHUNK_ROWS)
+        self.dev.options().chunk.then_some(CHUNK_ROWS)
     }
 
     fn max_tree_rows(&self) -> usize {
@@ -214,7 +197,7 @@ impl Accelerator for CudaModel {
     }
 
     fn new_state(&self, capacity: usize) -> Result<Box<dyn AccelState>> {
-        Ok(Box::new(CudaState::new(&self.dev, &self.cfg, capacity)?))
+        Ok(Box::new(self.new_cuda_state(capacity)?))
     }
 
     fn forward(
@@ -310,8 +293,8 @@ impl Accelerator for CudaModel {
 /// Opens CUDA device `ordinal` for a model. The kernels compile at first use: without NVRTC
 /// nothing could run, so that is said now (and `--device auto` stays on the CPU) rather than at
 /// the first pass.
-fn open_device(ordinal: usize, opts: &crate::CudaOptions) -> Result<Arc<CudaDevice>> {
-    if !crate::nvrtc_present() {
+fn open_device(ordinal: usize, opts: &yomi_cuda::CudaOptions) -> Result<Arc<CudaDevice>> {
+    if !yomi_cuda::nvrtc_present() {
         anyhow::bail!(
             "the CUDA driver is present but NVRTC (libnvrtc.so) is not: the kernels cannot be compiled"
         );
@@ -324,7 +307,7 @@ fn open_device(ordinal: usize, opts: &crate::CudaOptions) -> Result<Arc<CudaDevi
 pub fn attach(
     model: &mut Model,
     ordinal: usize,
-    opts: &crate::CudaOptions,
+    opts: &yomi_cuda::CudaOptions,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
     let dev = open_device(ordinal, opts)?;

@@ -8,7 +8,7 @@
 //! ```
 //!
 //! `--load host` (default) loads the whole model on the host and uploads it; `--load stream`
-//! sends each layer to the device as it is read (`yomi_cuda::model::Uploader`, what `yomi run`
+//! sends each layer to the device as it is read (`yomi_engine::cuda::Uploader`, what `yomi run`
 //! does). The first line gives the process's peak host memory after loading.
 //!
 //! Prefill: for each context and each `--prefill-chunks` size, the context's tokens are
@@ -29,10 +29,10 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use yomi_core::TreeBatch;
 use yomi_cuda::CudaDevice;
-use yomi_cuda::model::{CudaModel, Uploader};
+use yomi_engine::cuda::{CudaModel, Uploader};
 
 /// The `yomi` binary's `YOMI_CUDA_*` switches and kernel cache, read as it reads them.
-#[path = "common/options.rs"]
+#[path = "../../yomi-cuda/examples/common/options.rs"]
 mod options;
 
 fn list(s: &str) -> Result<Vec<usize>> {

@@ -10,18 +10,18 @@ use yomi_models::model::{Layer, WeightSink};
 use yomi_models::{Model, ModelConfig};
 use yomi_weights::{Matrix, Rope};
 
-use super::weights::{DevLayer, DevWeights, upload_embed, upload_layer};
+use super::weights::{DevWeights, upload_embed, upload_layer};
 use super::{CudaModel, check_supported, open_device};
-use crate::device::CudaDevice;
-use crate::ops::DeviceMatrix;
+use yomi_cuda::CudaDevice;
+use yomi_cuda::backend::{Cuda, DevLinear};
 
 /// Takes a model's weights to one CUDA device as they are loaded; [`Uploader::finish`] then
 /// makes the loaded model run there.
 pub struct Uploader {
     dev: Arc<CudaDevice>,
     cfg: Option<ModelConfig>,
-    embed: Option<DeviceMatrix>,
-    layers: Vec<DevLayer>,
+    embed: Option<DevLinear>,
+    layers: Vec<Layer<Cuda>>,
     weights: Option<DevWeights>,
     /// A call failed on the device side (as opposed to the loader failing to read the file).
     failed: bool,
@@ -29,7 +29,7 @@ pub struct Uploader {
 
 impl Uploader {
     /// Opens CUDA device `ordinal` with `opts` for a model about to be loaded.
-    pub fn open(ordinal: usize, opts: &crate::CudaOptions) -> Result<Self> {
+    pub fn open(ordinal: usize, opts: &yomi_cuda::CudaOptions) -> Result<Self> {
         Ok(Uploader {
             dev: open_device(ordinal, opts)?,
             cfg: None,

@@ -10,14 +10,16 @@ use std::ops::Range;
 use anyhow::{Result, bail, ensure};
 
 use super::CudaModel;
-use super::state::{CudaState, DevLayerState};
+use yomi_models::state::LayerState;
+
+use super::state::CudaState;
 
 impl CudaModel {
     /// Appends the committed S and conv window of every GDN layer to `out`.
     pub(super) fn read_recurrent_to(&self, st: &CudaState, out: &mut Vec<f32>) -> Result<()> {
         for l in &st.layers {
-            if let DevLayerState::Gdn { s, conv, .. } = l {
-                for buf in [s, conv] {
+            if let LayerState::Gdn(g) = l {
+                for buf in [&g.s, &g.conv] {
                     let at = out.len();
                     out.resize(at + buf.len(), 0.0);
                     self.dev.download_into(buf, &mut out[at..])?;
@@ -46,8 +48,11 @@ impl CudaModel {
         let mut host = vec![0.0f32; rows.len() * w];
         let mut a = 0;
         for l in &st.layers {
-            let DevLayerState::Attention { k: dk, v: dv } = l else {
+            let LayerState::Attention(kv) = l else {
                 continue;
+            };
+            let (Some(dk), Some(dv)) = (&kv.k, &kv.v) else {
+                bail!("a K/V cache that was never allocated");
             };
             ensure!(
                 a < k.len() && a < v.len(),
@@ -92,10 +97,13 @@ impl CudaModel {
         let (mut a, mut off) = (0, 0);
         for l in &mut st.layers {
             match l {
-                DevLayerState::Attention { k: dk, v: dv } => {
+                LayerState::Attention(kv) => {
                     if rows.is_empty() {
                         continue;
                     }
+                    let (Some(dk), Some(dv)) = (&mut kv.k, &mut kv.v) else {
+                        bail!("a K/V cache that was never allocated");
+                    };
                     ensure!(
                         a < k.len() && a < v.len(),
                         "K/V rows for {} attention layers",
@@ -120,11 +128,13 @@ impl CudaModel {
                     }
                     a += 1;
                 }
-                DevLayerState::Gdn { s, conv, .. } => {
+                LayerState::Gdn(g) => {
                     let Some(r) = recurrent else {
                         bail!("a model with recurrent layers resumes only from a snapshot");
                     };
-                    for dst in [s, conv] {
+                    g.pend_rows = 0;
+                    g.pend_multi = false;
+                    for dst in [&mut g.s, &mut g.conv] {
                         let n = dst.len();
                         ensure!(
                             off + n <= r.len(),
@@ -144,8 +154,6 @@ impl CudaModel {
                 r.len()
             );
         }
-        st.pend_rows = 0;
-        st.pend_multi = false;
         st.logit_rows = 0;
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! `#[ignore]`d: they need a CUDA device (run on the lent H200, see bench/RESULTS.md):
 //!
 //! ```text
-//! cargo test --release -p yomi-cuda --test gpu_model --no-run     # here; carry the binary
+//! cargo test --release -p yomi-engine --test gpu_model --no-run     # here; carry the binary
 //! YOMI_REPO=<repo> YOMI_FIXTURES=<dir with qwen35-tiny, qwen35-realdims> YOMI_SMOLLM2=<.gguf> \
 //!   ./gpu_model-<hash> --ignored --test-threads=1 --nocapture     # there
 //! ```
@@ -25,7 +25,7 @@ use yomi_spec::{DraftTree, Drafter};
 
 /// The device options of the environment (the `yomi` binary's `YOMI_CUDA_*` switches and
 /// kernel cache), as the other GPU tests open their device.
-#[path = "../examples/common/options.rs"]
+#[path = "../../yomi-cuda/examples/common/options.rs"]
 mod options;
 use options::cuda_options_from_env;
 
@@ -67,7 +67,7 @@ fn engine(path: &Path, ctx: usize) -> Engine {
 fn pair(path: &Path, ctx: usize) -> (Engine, Engine) {
     let cpu = engine(path, ctx);
     let mut gpu = engine(path, ctx);
-    yomi_cuda::model::attach(&mut gpu.model, 0, &cuda_options_from_env(), &mut |_, _| {})
+    yomi_engine::cuda::attach(&mut gpu.model, 0, &cuda_options_from_env(), &mut |_, _| {})
         .expect("attach the GPU");
     (cpu, gpu)
 }
@@ -174,8 +174,8 @@ fn greedy(m: &Model, st: &mut State, first_logits: &[f32], n: usize) -> (Vec<u32
 
 /// Hidden-state taps over the prompt (every point, every row): the GPU's equal HF's
 /// `hidden_states.i` within 2e-4 and the CPU's within 1e-4 (the logits' bounds); the same
-/// taps through chunk passes (logits of the last row only: the layer-major path for prompts
-/// over 32 rows) equal the sub-passes' within 1e-4.
+/// taps of a pass with its last row's logits only equal those of a pass with every row's
+/// within 1e-4 (the head runs on other rows; nothing before it may differ).
 fn check_taps(name: &str, r: &Reference, cpu: &Engine, gpu: &Engine, prompt: &[u32]) {
     let layers = cpu.model.layers.len();
     let chain = TreeBatch::chain(prompt.len());
@@ -193,22 +193,22 @@ fn check_taps(name: &str, r: &Reference, cpu: &Engine, gpu: &Engine, prompt: &[u
         run(cpu, LogitRows::All),
         run(gpu, LogitRows::Last),
     );
-    let (mut hf, mut vs_cpu, mut vs_chunk) = (0f32, 0f32, 0f32);
+    let (mut hf, mut vs_cpu, mut vs_last) = (0f32, 0f32, 0f32);
     for i in 0..=layers {
         let gi = g.get(i).expect("tapped");
         if let Some(want) = r.f32s.get(&format!("hidden_states.{i}")) {
             hf = hf.max(max_abs_diff(gi, want));
         }
         vs_cpu = vs_cpu.max(max_abs_diff(gi, c.get(i).expect("tapped")));
-        vs_chunk = vs_chunk.max(max_abs_diff(gi, g_last.get(i).expect("tapped")));
+        vs_last = vs_last.max(max_abs_diff(gi, g_last.get(i).expect("tapped")));
     }
     println!(
         "RESULT {name} hidden states at {} points: max|gpu-hf| {hf:.2e}, max|gpu-cpu| \
-         {vs_cpu:.2e}, max|sub-passes - chunk passes| {vs_chunk:.2e}",
+         {vs_cpu:.2e}, max|all rows' logits - last row's| {vs_last:.2e}",
         layers + 1
     );
     assert!(
-        hf <= 2e-4 && vs_cpu <= 1e-4 && vs_chunk <= 1e-4,
+        hf <= 2e-4 && vs_cpu <= 1e-4 && vs_last <= 1e-4,
         "{name}: hidden states"
     );
 }
@@ -545,7 +545,7 @@ fn device_candidates_equal_full_logit_sampling_on_gpu() {
     }
 }
 
-/// The prefix cache on GPU states (`yomi_cuda::model::prefix`: K/V rows and recurrent states
+/// The prefix cache on GPU states (`yomi_engine::cuda::prefix`: K/V rows and recurrent states
 /// copied out and back in) gives the cold run's output, greedy and seeded, for requests that
 /// share a prompt, continue an earlier output (a chat turn), share a prefix, or share nothing;
 /// at least three of the five resume. Cold and resumed runs are GPU runs whose prompt tails
@@ -647,7 +647,7 @@ fn check_streamed_load(path: &Path) {
         kv_cache: Some(KvDtype::F32),
         ..Default::default()
     };
-    let mut up = yomi_cuda::model::Uploader::open(0, &options::cuda_options_from_env())
+    let mut up = yomi_engine::cuda::Uploader::open(0, &options::cuda_options_from_env())
         .expect("open the GPU");
     let mut streamed =
         Engine::load_into(path, &opts, &mut |_, _| {}, Some(&mut up)).expect("streamed load");
@@ -736,30 +736,30 @@ fn smollm2_on_gpu() {
     assert_eq!(got, want, "smollm2 greedy ids");
 }
 
-// ---- Layer-major chunk passes against sub-passes ----------------------------------------------
+// ---- Long chains in one pass against the same chain in passes of 32 rows ---------------------
 //
-// A chain of more than 32 rows whose logits are wanted for its last row or none runs as chunk
-// passes (each layer over all rows, the mixer cores per 32-row piece) unless YOMI_CUDA_CHUNK=0;
-// `CudaModel::forward_chain_with` picks either path in one process. Tolerances:
-// - f32 weights: the linear layers of a chunk run the same 32-row GEMV launches as the
-//   sub-passes (f32 has no GEMM), every other op works per row or per piece with the same
-//   inputs, so the two paths should agree bit for bit; asserted within 1e-5, and the RESULT
-//   line says whether they were identical.
-// - bf16 weights: past 32 rows the chunk's linear layers take the tensor-core GEMM, the
-//   sub-passes the tensor-core GEMV; both multiply the same bf16 weights by the same hi/lo bf16
-//   split of the f32 activations and accumulate in f32, in different orders (relative error
-//   ~4e-6 per product against f64 for either). Through the layers, the GDN and attention states
-//   the prefill leaves and 8 decode steps from them, 1e-3 on logits of std ≈ 3 is far above
-//   that drift and far below what a wrong row offset, committed length or state hand-over
-//   gives (O(1)).
-// Greedy ids must be identical, except after a step whose top-2 gap in the sub-pass run is
+// A chain of more than 32 rows runs as one pass: the norms, projections and MLP over all its
+// rows, the mixer cores in pieces of 32 rows in order, and past CHUNK_ROWS rows as segments
+// that continue the pending chain. The reference is the same prompt in forward calls of 32 rows
+// (each one piece), each committed. Tolerances:
+// - f32 weights: the linear layers run the same 32-row GEMV launches either way (f32 has no
+//   GEMM), every other op works per row or per piece with the same inputs, so the two should
+//   agree bit for bit; asserted within 1e-5, and the RESULT line says whether they were
+//   identical.
+// - bf16 weights: past 32 rows the linear layers take the tensor-core GEMM, the 32-row calls the
+//   tensor-core GEMV; both multiply the same bf16 weights by the same hi/lo bf16 split of the f32
+//   activations and accumulate in f32, in different orders (relative error ~4e-6 per product
+//   against f64 for either). Through the layers, the GDN and attention states the prefill leaves
+//   and 8 decode steps from them, 1e-3 on logits of std ≈ 3 is far above that drift and far
+//   below what a wrong row offset, committed length or state hand-over gives (O(1)).
+// Greedy ids must be identical, except after a step whose top-2 gap in the reference run is
 // within the tolerance (a tie the summation order may break either way; reported, and the
 // comparison stops there).
 // Run once as is and once with YOMI_CUDA_FUSE=0 (split projections).
 
 use std::sync::Arc;
 use yomi_cuda::CudaDevice;
-use yomi_cuda::model::{CHUNK_ROWS, CudaModel, MAX_ROWS};
+use yomi_engine::cuda::{CHUNK_ROWS, CudaModel, MAX_ROWS};
 
 /// `dir`'s model on GPU 0 as a bare `CudaModel`, and its vocabulary size; with `bf16` every
 /// matrix is rounded to bf16 first (so linear layers of more than 32 rows take the GEMM).
@@ -795,14 +795,13 @@ fn random_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
 }
 
 /// Prefills `prompt` in forward calls of at most `part` rows (as the engine does: the last with
-/// its last row's logits, the others with none), each committed whole, with chunk passes of
-/// `chunk` rows (None: sub-passes); then `steps` greedy one-row passes. Returns the logits of
-/// the prefill's last row and of every step, and the greedy ids.
+/// its last row's logits, the others with none), each committed whole; then `steps` greedy
+/// one-row passes. Returns the logits of the prefill's last row and of every step, and the
+/// greedy ids.
 fn prefill_greedy(
     cm: &CudaModel,
     prompt: &[u32],
     part: usize,
-    chunk: Option<usize>,
     steps: usize,
 ) -> (Vec<Vec<f32>>, Vec<u32>) {
     let mut st = cm.new_cuda_state(prompt.len() + steps + 1).expect("state");
@@ -814,7 +813,7 @@ fn prefill_greedy(
         } else {
             LogitRows::None
         };
-        cm.forward_chain_with(&mut st, pos, p, which, chunk, &mut logits)
+        cm.forward_chain(&mut st, pos, p, which, &mut logits)
             .expect("prefill");
         cm.commit_chain(&mut st, pos, p.len()).expect("commit");
         pos += p.len();
@@ -824,7 +823,7 @@ fn prefill_greedy(
     for _ in 0..steps {
         let next = argmax(&logits);
         ids.push(next);
-        cm.forward_chain_with(&mut st, pos, &[next], LogitRows::Last, None, &mut logits)
+        cm.forward_chain(&mut st, pos, &[next], LogitRows::Last, &mut logits)
             .expect("decode");
         cm.commit_chain(&mut st, pos, 1).expect("commit");
         pos += 1;
@@ -847,11 +846,11 @@ fn top2_gap(x: &[f32]) -> f32 {
     a - b
 }
 
-/// Chunk passes against sub-passes on `dir`'s model: prompts of 33 (one full piece and one
-/// row), 100 (four pieces), 150 in chunks of 64 (three chunk passes in one pass), 97 in chunks
-/// of 32 (one piece per chunk pass), 600 in chunks of 512 (across a chunk boundary) and 300 in the
-/// engine's 256-row forward calls (a chunk pass after committed rows).
-fn check_chunk_vs_subpasses(dir: &Path, bf16: bool, tol: f32) {
+/// Long chains in one pass against forward calls of 32 rows on `dir`'s model: prompts of 33
+/// (one full piece and one row), 100 (four pieces), 600 in calls of 512 (16 pieces, then a
+/// call after committed rows), 300 in the engine's 256-row calls, and CHUNK_ROWS + 52 in one
+/// call (two segments, the second continuing the first's pending chain).
+fn check_long_chain_vs_pieces(dir: &Path, bf16: bool, tol: f32) {
     const STEPS: usize = 8;
     let (cm, v) = cuda_model(dir, bf16);
     let name = format!(
@@ -859,18 +858,17 @@ fn check_chunk_vs_subpasses(dir: &Path, bf16: bool, tol: f32) {
         dir.file_name().unwrap().to_string_lossy(),
         if bf16 { " (bf16)" } else { "" }
     );
-    let cases: [(usize, usize, usize); 6] = [
-        (33, usize::MAX, CHUNK_ROWS),
-        (100, usize::MAX, CHUNK_ROWS),
-        (150, usize::MAX, 64),
-        (97, usize::MAX, MAX_ROWS),
-        (600, usize::MAX, 512),
-        (300, 256, CHUNK_ROWS),
+    let cases: [(usize, usize); 5] = [
+        (33, usize::MAX),
+        (100, usize::MAX),
+        (600, 512),
+        (300, 256),
+        (CHUNK_ROWS + 52, usize::MAX),
     ];
-    for (i, &(rows, part, chunk)) in cases.iter().enumerate() {
+    for (i, &(rows, part)) in cases.iter().enumerate() {
         let prompt = random_ids(rows, v, 0x9e37_79b9_7f4a_7c15 ^ i as u64);
-        let (want, want_ids) = prefill_greedy(&cm, &prompt, part, None, STEPS);
-        let (got, got_ids) = prefill_greedy(&cm, &prompt, part, Some(chunk), STEPS);
+        let (want, want_ids) = prefill_greedy(&cm, &prompt, MAX_ROWS, STEPS);
+        let (got, got_ids) = prefill_greedy(&cm, &prompt, part, STEPS);
         // Steps whose input token both runs share: the prefill's row, then one per equal id.
         let mut same = 1;
         while same <= STEPS && got_ids[same - 1] == want_ids[same - 1] {
@@ -880,8 +878,8 @@ fn check_chunk_vs_subpasses(dir: &Path, bf16: bool, tol: f32) {
             let gap = top2_gap(&want[same - 1]);
             assert!(
                 gap <= tol,
-                "{name} {rows} rows (chunks of {chunk}): greedy ids {got_ids:?} vs {want_ids:?}, \
-                 top-2 gap {gap:.2e} at the first difference"
+                "{name} {rows} rows: greedy ids {got_ids:?} vs {want_ids:?}, top-2 gap \
+                 {gap:.2e} at the first difference"
             );
             println!(
                 "{name} {rows} rows: a near tie ({gap:.2e}) after {} steps",
@@ -892,82 +890,72 @@ fn check_chunk_vs_subpasses(dir: &Path, bf16: bool, tol: f32) {
             .map(|s| max_abs_diff(&got[s], &want[s]))
             .fold(0.0, f32::max);
         println!(
-            "RESULT {name} prefill of {rows} rows (forward calls of {}, chunks of {chunk}) + {} \
-             greedy steps: chunk vs sub-passes max|Δ| {worst:.2e}{}",
+            "RESULT {name} prefill of {rows} rows (forward calls of {}) + {} greedy steps: \
+             against calls of {MAX_ROWS} rows max|Δ| {worst:.2e}{}",
             part.min(rows),
             same - 1,
             if worst == 0.0 { " (identical)" } else { "" }
         );
-        assert!(
-            worst <= tol,
-            "{name} {rows} rows (chunks of {chunk}): {worst}"
-        );
+        assert!(worst <= tol, "{name} {rows} rows: {worst}");
     }
     // Bad input is an error, not a panic.
     let mut st = cm.new_cuda_state(64).expect("state");
     let mut l = Vec::new();
     let long = random_ids(40, v, 3);
-    for (k, toks) in [
-        (Some(48), &long[..]),
-        (Some(0), &long[..]),
-        (None, &long[..0]),
-    ] {
-        assert!(
-            cm.forward_chain_with(&mut st, 0, toks, LogitRows::Last, k, &mut l)
-                .is_err()
-        );
-    }
+    assert!(
+        cm.forward_chain(&mut st, 0, &long[..0], LogitRows::Last, &mut l)
+            .is_err()
+    );
     let bad = vec![v as u32; 40];
     assert!(
-        cm.forward_chain_with(&mut st, 0, &bad, LogitRows::Last, Some(CHUNK_ROWS), &mut l)
+        cm.forward_chain(&mut st, 0, &bad, LogitRows::Last, &mut l)
             .is_err()
     );
     assert!(
-        cm.forward_chain_with(
-            &mut st,
-            30,
-            &long,
-            LogitRows::Last,
-            Some(CHUNK_ROWS),
-            &mut l
-        )
-        .is_err(),
+        cm.forward_chain(&mut st, 30, &long, LogitRows::Last, &mut l)
+            .is_err(),
         "past the state's capacity"
     );
+    // Every row's logits of a chain of two pieces; such a chain can only be committed whole.
+    cm.forward_chain(&mut st, 0, &long, LogitRows::All, &mut l)
+        .expect("a 40-row chain");
+    assert_eq!(l.len(), 40 * v);
+    let part: Vec<usize> = (0..2).collect();
+    let ds: &mut dyn yomi_models::AccelState = &mut st;
     assert!(
-        cm.forward_chain_with(&mut st, 0, &long, LogitRows::All, Some(CHUNK_ROWS), &mut l)
-            .is_err()
+        yomi_models::Accelerator::commit(&cm, ds, 0, &TreeBatch::chain(40), &part).is_err(),
+        "a partial commit of a multi-piece chain"
     );
 }
 
 #[test]
 #[ignore = "needs a CUDA device"]
-fn chunk_prefill_equals_subpasses_on_gpu() {
+fn long_chain_equals_pieces_on_gpu() {
     for dir in [
         fixture("qwen35-tiny"),
         fixture("qwen35-realdims"),
         test_data("llama-tiny"),
     ] {
-        check_chunk_vs_subpasses(&dir, false, 1e-5);
+        check_long_chain_vs_pieces(&dir, false, 1e-5);
     }
 }
 
 #[test]
 #[ignore = "needs a CUDA device"]
-fn chunk_prefill_bf16_gemm_matches_subpasses_on_gpu() {
+fn long_chain_bf16_gemm_matches_pieces_on_gpu() {
     for dir in [
         fixture("qwen35-tiny"),
         fixture("qwen35-realdims"),
         test_data("llama-tiny"),
     ] {
-        check_chunk_vs_subpasses(&dir, true, 1e-3);
+        check_long_chain_vs_pieces(&dir, true, 1e-3);
     }
 }
 
-/// The path real prefill takes: `Model::forward` of a chain with its last row's logits (chunk
-/// passes unless YOMI_CUDA_CHUNK=0), committed, then 8 greedy steps, on the GPU against the CPU
-/// (max|Δ| ≤ 1e-4, the file's GPU-vs-CPU tolerance); 33 rows (the shortest chunk pass), 100 and
-/// 600 (one chunk pass of 19 pieces; chunk boundaries are covered by `check_chunk_vs_subpasses`).
+/// The path real prefill takes: `Model::forward` of a chain with its last row's logits,
+/// committed, then 8 greedy steps, on the GPU against the CPU (max|Δ| ≤ 1e-4, the file's
+/// GPU-vs-CPU tolerance); 33 rows (the shortest chain of two pieces), 100 and 600 (one pass of
+/// 19 pieces; segments are covered by `check_long_chain_vs_pieces`).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn chunk_prefill_through_model_matches_cpu_on_gpu() {
