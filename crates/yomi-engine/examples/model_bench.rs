@@ -16,7 +16,8 @@
 //! engine does), timed end to end (device synchronised); tok/s per chunk size.
 //!
 //! T ≤ 32 rows are a tree (node i's parent is (i−1)/2: a balanced binary tree, the shape of a
-//! wide draft); T = 64 is a chain of two 32-row sub-passes (trees take at most 32 rows). The
+//! wide draft); T = 64 is a chain (trees take at most 32 rows): its linear layers run over all 64
+//! rows at once, its mixer cores as two 32-row pieces. The
 //! LM head runs on every row, and no logits are copied back, so the time is the device's pass
 //! (plus the host's launches); each timing is the median of `reps` passes after 3 warm-ups.
 //!

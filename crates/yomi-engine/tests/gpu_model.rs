@@ -213,7 +213,7 @@ fn check_taps(name: &str, r: &Reference, cpu: &Engine, gpu: &Engine, prompt: &[u
     );
 }
 
-/// Prefill, greedy decode, one long chain (sub-passes), the HF draft tree and a commit of one of
+/// Prefill, greedy decode, one long chain (32-row pieces), the HF draft tree and a commit of one of
 /// its paths, each on the GPU against HF's reference and the CPU.
 fn check_against_reference(name: &str, dir: &Path, has_tree: bool) {
     let r = Reference::open(dir);
@@ -245,7 +245,7 @@ fn check_against_reference(name: &str, dir: &Path, has_tree: bool) {
     assert_eq!(ids, greedy_ref, "{name}: greedy ids");
     assert!(dl <= 2e-4, "{name}: greedy logits");
 
-    // Prompt + greedy ids as one chain: sub-passes of 32 rows.
+    // Prompt + greedy ids as one chain: its mixer cores in pieces of 32 rows.
     let mut seq = prompt.clone();
     seq.extend_from_slice(&greedy_ref);
     let mut gs2 = gpu.new_state();
