@@ -27,10 +27,13 @@ for `yomi perplexity`), `manifest.json` (sources, versions, per-file key/split/t
 stream sha256s) and the tokenizer (`tokenizer.json`).
 
 Code-completion prompts (`--prompts`, committed as data/code_eval.jsonl.gz): from held-out
-files outside test suites only (stdlib and packages). For a function or method whose body has at least 3
-lines: the prompt is the file up to the end of the `def` header (and the docstring, when there
-is one), cut from the left at a line boundary to at most 640 tokens; the reference is the rest
-of the function (up to 40 lines). At most 4 per file, chosen by a seeded RNG, 64 in all.
+files outside test suites only (stdlib and packages). For a function or method whose body has
+at least 3 lines: the prompt is the file up to the end of the `def` header (or of the docstring,
+when there is one) *without* its final newline, cut from the left at a line boundary to at most
+640 tokens; the reference is the rest of the function (up to 40 lines), starting with that
+newline. (Ending the prompt after the newline would leave a lone `\n` token that training
+never shows before an indented line: the BPE merges a newline with the next line's
+indentation.) At most 3 per file, chosen by a seeded RNG, 64 in all.
 
     python3 tools/train/code_corpus.py --out .device/code --prompts tools/train/data/code_eval.jsonl.gz
 """
@@ -244,11 +247,11 @@ def make_prompts(docs, tok, n=64, per_file=3, max_prompt_tokens=640, max_ref_lin
             while start > 0 and total + line_tokens[start - 1] <= max_prompt_tokens:
                 start -= 1
                 total += line_tokens[start]
-            prompt = "\n".join(lines[start:head_end]) + "\n"
+            prompt = "\n".join(lines[start:head_end])
             while len(tok.encode(prompt, add_special_tokens=False).ids) > max_prompt_tokens:
                 start += 1
-                prompt = "\n".join(lines[start:head_end]) + "\n"
-            ref = "\n".join(lines[head_end:min(body_end, head_end + max_ref_lines)]) + "\n"
+                prompt = "\n".join(lines[start:head_end])
+            ref = "\n" + "\n".join(lines[head_end:min(body_end, head_end + max_ref_lines)])
             rows.append({"id": f"{key}:{head_end + 1}", "file": key, "function": name,
                          "first_line": start + 1, "completion_line": head_end + 1,
                          "prompt": prompt, "reference": ref,
