@@ -393,7 +393,7 @@ def load_transport(path):
     return tensors
 
 
-def write_hf_dir(tensors, cfg: dict, out, tokenizer_json=None, shard_bytes=16 << 20):
+def write_hf_dir(tensors, cfg: dict, out, tokenizer_json=None, shard_bytes=15 << 20):
     """An HF model directory: config.json, generation_config.json, sharded safetensors
     (model-0000i-of-0000n.safetensors, greedy in name order, a new shard when the next tensor
     would pass shard_bytes; a bigger tensor gets a shard of its own) with
