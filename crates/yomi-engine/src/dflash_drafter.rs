@@ -4,6 +4,15 @@
 //! grown best-first from each position's top candidates, cut where one more row costs more than
 //! it is expected to return.
 //!
+//! A round costs the drafter's own work besides the verify pass, timed by the drafter against
+//! the engine's one-row pass ([`Drafter::set_pass_seconds`]): the block pass, the target's LM
+//! head over the drafted positions (computed only for the positions worth drafting) and the
+//! ranking. [`backoff::Backoff`] learns from the rounds whether drafting pays on this machine
+//! and how deep: rounds that do not pay are skipped (a plain pass) with probes now and then,
+//! and a round's draft is cut where one more row no longer raises its tokens per unit of time,
+//! the drafting included. Committed rows reach the drafter's context in batches, just before
+//! the next block pass, so that rounds without drafting pay little for it.
+//!
 //! The drafter runs on the CPU backend. Its block's distributions are marginals (each position
 //! is drafted without knowing the tokens before it), so a node's score, the product of its
 //! path's probabilities, estimates its acceptance only roughly; the verify pass keeps the
@@ -12,11 +21,15 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use yomi_cpu::backend::Cpu;
-use yomi_models::dflash::{DFlash, DFlashState, TargetIo};
+use yomi_models::dflash::{DFlash, DFlashState};
 use yomi_spec::{DraftTree, Drafter};
 use yomi_weights::Matrix;
+
+pub mod backoff;
+use backoff::Backoff;
 
 /// How a DFlash block becomes a draft.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -64,6 +77,36 @@ pub struct DFlashSetup {
 
 /// Candidates per position a tree considers.
 const TOP_K: usize = 8;
+/// Committed rows kept waiting for the context at most (their features: 64 rows of SmolLM2's
+/// five taps are 737 KB), so that a long prefill goes in by parts.
+const FLUSH_ROWS: usize = 64;
+/// Weight of the past in the LM head's time per position, per drafting round.
+const HEAD_DECAY: f64 = 0.8;
+
+/// Where a drafter's time went, summed over its rounds (seconds): what a profile of drafting
+/// against verifying needs, at the cost of a few clock reads per round.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DraftTimes {
+    /// Rounds that ran the drafter's block pass.
+    pub rounds: u64,
+    /// Rounds the back-off skipped (a plain pass).
+    pub skipped: u64,
+    /// Drafted positions whose logits were computed, over all rounds.
+    pub positions: u64,
+    /// Drafts proposed, and of them accepted, over the drafting rounds.
+    pub drafts: u64,
+    pub accepted: u64,
+    /// The drafter's layers over the block.
+    pub block: f64,
+    /// The target's LM head over the drafted positions.
+    pub head: f64,
+    /// Each position's top candidates and probabilities.
+    pub rank: f64,
+    /// The chain or tree built from them.
+    pub shape: f64,
+    /// Committed rows added to the drafter's context.
+    pub context: f64,
+}
 
 /// One drafting sequence's DFlash state.
 pub struct DFlashDrafter {
@@ -80,7 +123,29 @@ pub struct DFlashDrafter {
     growth: f32,
     /// The context no longer fits: propose nothing until the next request.
     full: bool,
+    times: DraftTimes,
+    /// When drafting pays and how deep.
+    backoff: Backoff,
+    /// The one-row pass time (seconds), once the engine has measured it.
+    one_row: Option<f64>,
+    /// The decayed mean time of the LM head and the ranking per drafted position (seconds).
+    head_row: Option<f64>,
+    /// The drafts of the round being verified and its drafting time (seconds), until
+    /// [`Drafter::observe`].
+    round: Option<(usize, f64)>,
+    /// The round's summed draft scores per depth (index d − 1).
+    depth_scores: Vec<f32>,
+    /// Committed rows waiting in `features` for the context: `pending` rows from position
+    /// `pending_start`.
+    pending_start: usize,
+    pending: usize,
+    /// Ranks a position's logits ([`yomi_cpu::top_k::top_k_softmax`]; tests swap in its f64
+    /// reference).
+    rank_row: RankRow,
 }
+
+/// A row's `k` best tokens with their probabilities, best first.
+type RankRow = fn(&[f32], usize, &mut Vec<(u32, f32)>);
 
 impl DFlashDrafter {
     pub fn new(setup: Arc<DFlashSetup>) -> Self {
@@ -96,7 +161,21 @@ impl DFlashDrafter {
             row_cost: 0.1,
             growth: 0.0,
             full: false,
+            times: DraftTimes::default(),
+            backoff: Backoff::default(),
+            one_row: None,
+            head_row: None,
+            round: None,
+            depth_scores: Vec::new(),
+            pending_start: 0,
+            pending: 0,
+            rank_row: yomi_cpu::top_k::top_k_softmax,
         }
+    }
+
+    /// Where this drafter's time went so far.
+    pub fn times(&self) -> DraftTimes {
+        self.times
     }
 
     /// What a pass with `n` drafts costs, in one-row passes.
@@ -114,13 +193,15 @@ impl DFlashDrafter {
         1.0 + self.row_cost * n + self.growth * n * n
     }
 
-    /// The number of leading drafts (by non-increasing score) that maximises the expected
-    /// tokens per unit of pass cost: 1 + Σ scores over the cost of the pass.
-    fn best_count(&self, scores: impl Iterator<Item = f32>) -> usize {
-        let (mut best, mut best_rate, mut sum) = (0, 1.0 / self.cost(0), 1.0f32);
-        for (i, s) in scores.enumerate() {
-            sum += s;
-            let rate = sum / self.cost(i + 1);
+    /// The number of leading drafts (`(depth, score)` by non-increasing score) that maximises
+    /// the round's expected tokens per unit of cost: 1 + Σ calibrated scores over the drafting
+    /// already spent (`fixed`, in one-row passes) plus the verify pass.
+    fn best_count(&self, scores: impl Iterator<Item = (usize, f32)>, fixed: f32) -> usize {
+        let (mut best, mut sum) = (0, 1.0f32);
+        let mut best_rate = 1.0 / (fixed + self.cost(0));
+        for (i, (d, s)) in scores.enumerate() {
+            sum += (self.backoff.calibration(d) * s).min(1.0);
+            let rate = sum / (fixed + self.cost(i + 1));
             if rate > best_rate {
                 (best, best_rate) = (i + 1, rate);
             }
@@ -128,39 +209,53 @@ impl DFlashDrafter {
         best
     }
 
-    /// Each drafted position's top candidates and their probabilities (softmax in f64).
+    /// Adds the committed rows that wait to the context.
+    fn flush(&mut self) {
+        if self.pending == 0 {
+            return;
+        }
+        let t0 = Instant::now();
+        let s = &*self.setup;
+        let (start, n) = (self.pending_start, self.pending);
+        if s.model
+            .add_context(&Cpu, &mut self.state, start, n, &self.features)
+            .is_err()
+        {
+            self.full = true;
+        }
+        self.pending = 0;
+        self.times.context += t0.elapsed().as_secs_f64();
+    }
+
+    /// The first `positions` drafted positions' top candidates and their probabilities.
     fn rank(&mut self, positions: usize, vocab: usize) {
         self.top.resize_with(positions, Vec::new);
-        for (row, top) in self.logits.chunks_exact(vocab).zip(self.top.iter_mut()) {
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let z: f64 = row.iter().map(|&x| ((x - max) as f64).exp()).sum();
-            top.clear();
-            for (i, &x) in row.iter().enumerate() {
-                if top.len() < TOP_K || x > top[TOP_K - 1].1 {
-                    let at = top.partition_point(|&(_, y)| y >= x);
-                    top.insert(at, (i as u32, x));
-                    top.truncate(TOP_K);
-                }
-            }
-            for c in top.iter_mut() {
-                c.1 = (((c.1 - max) as f64).exp() / z) as f32;
-            }
+        let rows = self.logits[..positions * vocab].chunks_exact(vocab);
+        for (row, top) in rows.zip(&mut self.top) {
+            (self.rank_row)(row, TOP_K, top);
         }
     }
 
-    fn propose_chain(&self, budget: usize, out: &mut DraftTree) {
-        let scores = self.top.iter().scan(1.0f32, |s, t| {
+    fn propose_chain(&mut self, budget: usize, fixed: f32, out: &mut DraftTree) {
+        let mut scores = std::mem::take(&mut self.depth_scores);
+        scores.clear();
+        scores.extend(self.top.iter().take(budget).scan(1.0f32, |s, t| {
             *s *= t[0].1;
             Some(*s)
-        });
-        let n = self.best_count(scores.take(budget));
+        }));
+        let n = self.best_count(
+            scores.iter().copied().enumerate().map(|(i, s)| (i + 1, s)),
+            fixed,
+        );
+        scores.truncate(n);
+        self.depth_scores = scores;
         let mut parent = 0;
         for t in &self.top[..n] {
             parent = out.push(parent, t[0].0);
         }
     }
 
-    fn propose_tree(&self, budget: usize, out: &mut DraftTree) {
+    fn propose_tree(&mut self, budget: usize, fixed: f32, out: &mut DraftTree) {
         // Nodes: (parent node, depth, token, score); node 0 is the root.
         let mut nodes: Vec<(usize, usize, u32, f32)> = vec![(0, 0, 0, 1.0)];
         let mut heap = BinaryHeap::new();
@@ -196,8 +291,17 @@ impl DFlashDrafter {
         }
         // Popped in non-increasing score order (a child never outscores its parent), so the
         // best prefix is a tree.
-        let n = self.best_count(nodes[1..].iter().map(|x| x.3));
+        let n = self.best_count(nodes[1..].iter().map(|x| (x.1, x.3)), fixed);
         nodes.truncate(n + 1);
+        // The chance of reaching a depth: its nodes' paths are disjoint events.
+        self.depth_scores.clear();
+        for x in &nodes[1..] {
+            if self.depth_scores.len() < x.1 {
+                self.depth_scores.resize(x.1, 0.0);
+            }
+            self.depth_scores[x.1 - 1] += x.3;
+        }
+        self.depth_scores.iter_mut().for_each(|s| *s = s.min(1.0));
         // Depth-first preorder, children in the order they were added (best first).
         let mut children: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
         for (i, x) in nodes.iter().enumerate().skip(1) {
@@ -250,34 +354,91 @@ impl Drafter for DFlashDrafter {
         if self.full || budget == 0 {
             return;
         }
+        if !self.backoff.should_draft() {
+            self.times.skipped += 1;
+            return;
+        }
+        let t0 = Instant::now();
+        self.flush();
+        if self.full {
+            return;
+        }
         let setup = self.setup.clone();
         let s = &*setup;
         let pos = context.len() - 1;
-        let io = TargetIo {
-            embed: &*s.embed,
-            head: &*s.head,
-        };
+        let t1 = Instant::now();
         if s.model
-            .draft(&Cpu, &mut self.state, io, anchor, pos, &mut self.logits)
+            .draft_block(&Cpu, &mut self.state, &s.embed, anchor, pos)
             .is_err()
         {
             self.full = true;
             return;
         }
-        let positions = s.model.cfg.block_size - 1;
-        let vocab = self.logits.len() / positions;
-        self.rank(positions, vocab);
-        match s.shape {
-            DraftShape::Chain => self.propose_chain(budget, out),
-            DraftShape::Tree => self.propose_tree(budget, out),
+        let t2 = Instant::now();
+        let most = (s.model.cfg.block_size - 1).min(budget);
+        let positions = match (self.one_row, self.head_row) {
+            (Some(one), Some(head)) => self
+                .backoff
+                .positions(most, (head / one) as f32, |n| self.cost(n)),
+            _ => most,
+        };
+        if s.model
+            .draft_logits(&Cpu, &mut self.state, &s.head, positions, &mut self.logits)
+            .is_err()
+        {
+            self.full = true;
+            return;
         }
+        let t3 = Instant::now();
+        // The buffer may be longer than this round's rows (it only grows).
+        self.rank(positions, s.model.cfg.vocab_size);
+        let t4 = Instant::now();
+        let fixed = self
+            .one_row
+            .map_or(0.0, |one| ((t4 - t0).as_secs_f64() / one) as f32);
+        match s.shape {
+            DraftShape::Chain => self.propose_chain(budget, fixed, out),
+            DraftShape::Tree => self.propose_tree(budget, fixed, out),
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        self.round = Some((out.num_drafts(), secs));
+        let per = (t4 - t2).as_secs_f64() / positions as f64;
+        self.head_row = Some(
+            self.head_row
+                .map_or(per, |h| HEAD_DECAY * h + (1.0 - HEAD_DECAY) * per),
+        );
+        let t = &mut self.times;
+        t.rounds += 1;
+        t.positions += positions as u64;
+        t.block += (t2 - t1).as_secs_f64();
+        t.head += (t3 - t2).as_secs_f64();
+        t.rank += (t4 - t3).as_secs_f64();
+        t.shape += t4.elapsed().as_secs_f64();
     }
 
-    fn observe(&mut self, _accepted: usize, _proposed: usize) {}
+    fn observe(&mut self, accepted: usize, proposed: usize) {
+        let Some((drafts, secs)) = self.round.take() else {
+            return;
+        };
+        self.times.drafts += proposed as u64;
+        self.times.accepted += accepted as u64;
+        // A draft the engine cut (the output's end) has depths the scores no longer match.
+        let scores: &[f32] = if proposed == drafts {
+            &self.depth_scores
+        } else {
+            &[]
+        };
+        let cost = self
+            .one_row
+            .map(|one| (secs / one) as f32 + self.cost(proposed));
+        self.backoff.observe(accepted, scores, cost);
+    }
 
     fn start_request(&mut self) {
         self.state.reset();
         self.full = false;
+        self.pending = 0;
+        self.round = None;
     }
 
     fn hidden_points(&self) -> &[usize] {
@@ -289,20 +450,23 @@ impl Drafter for DFlashDrafter {
         if self.full || n == 0 || hidden.len() != self.points.len() {
             return;
         }
+        if self.pending > 0 && start != self.pending_start + self.pending {
+            self.flush();
+        }
+        if self.pending == 0 {
+            self.pending_start = start;
+            self.features.clear();
+        }
         // Per row, the points' rows side by side: the drafter's `fc` input.
         let w = hidden[0].len() / n;
-        self.features.clear();
         for r in 0..n {
             for h in hidden {
                 self.features.extend_from_slice(&h[r * w..(r + 1) * w]);
             }
         }
-        let s = &*self.setup;
-        if s.model
-            .add_context(&Cpu, &mut self.state, start, n, &self.features)
-            .is_err()
-        {
-            self.full = true;
+        self.pending += n;
+        if self.pending >= FLUSH_ROWS {
+            self.flush();
         }
     }
 
@@ -317,5 +481,116 @@ impl Drafter for DFlashDrafter {
     fn set_pass_costs(&mut self, costs: &[f32]) {
         self.costs.clear();
         self.costs.extend_from_slice(costs);
+    }
+
+    fn set_pass_seconds(&mut self, one_row: f64) {
+        if one_row.is_finite() && one_row > 0.0 {
+            self.one_row = Some(one_row);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+    use crate::generate::DraftMode;
+    use crate::stats::StatsRecorder;
+    use crate::{Engine, EngineOptions, GenerateParams};
+    use yomi_core::SamplerParams;
+    use yomi_models::KvDtype;
+
+    fn repo(path: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .join(path)
+    }
+
+    /// Two drafters fed the same context, the first of which drafts: every proposal of the
+    /// second must be the same tree.
+    struct Twins {
+        a: DFlashDrafter,
+        b: DFlashDrafter,
+        rounds: usize,
+    }
+
+    impl Drafter for Twins {
+        fn propose(&mut self, context: &[u32], budget: usize, out: &mut DraftTree) {
+            for d in [&mut self.a, &mut self.b] {
+                // Rows are free: the trees are as large as the budget.
+                d.set_row_cost(0.0);
+            }
+            self.a.propose(context, budget, out);
+            let mut other = DraftTree::new();
+            self.b.propose(context, budget, &mut other);
+            assert_eq!(out.tokens(), other.tokens(), "round {}", self.rounds);
+            assert_eq!(out.parents(), other.parents(), "round {}", self.rounds);
+            self.rounds += 1;
+        }
+        fn observe(&mut self, accepted: usize, proposed: usize) {
+            self.a.observe(accepted, proposed);
+            self.b.observe(accepted, proposed);
+        }
+        fn start_request(&mut self) {
+            self.a.start_request();
+            self.b.start_request();
+        }
+        fn hidden_points(&self) -> &[usize] {
+            self.a.hidden_points()
+        }
+        fn committed(&mut self, start: usize, tokens: &[u32], hidden: &[&[f32]]) {
+            self.a.committed(start, tokens, hidden);
+            self.b.committed(start, tokens, hidden);
+        }
+    }
+
+    /// The f32 ranking kernel drafts exactly the trees of the f64 softmax it replaced, chains
+    /// and trees, over a whole generation of the random-weight dflash-tiny drafter.
+    #[test]
+    fn the_f32_ranking_drafts_what_the_f64_ranking_drafted() {
+        let opts = EngineOptions {
+            context_size: Some(256),
+            kv_cache: Some(KvDtype::F32),
+            ..Default::default()
+        };
+        let load = || {
+            Engine::load(
+                &repo("../shared/fixtures/qwen35-tiny"),
+                &opts,
+                &mut |_, _| {},
+            )
+        };
+        let mut e = load().expect("load the target");
+        for shape in [DraftShape::Chain, DraftShape::Tree] {
+            e.attach_dflash(&repo("crates/yomi-models/tests/data/dflash-tiny"), shape)
+                .expect("attach the drafter");
+            let setup = e.dflash_setup().expect("attached");
+            let mut b = DFlashDrafter::new(setup.clone());
+            b.rank_row = yomi_cpu::top_k::top_k_softmax_f64;
+            let mut twins = Twins {
+                a: DFlashDrafter::new(setup),
+                b,
+                rounds: 0,
+            };
+            let p = GenerateParams {
+                max_tokens: 40,
+                sampler: SamplerParams::greedy(),
+                draft: DraftMode::DFlash,
+                ..Default::default()
+            };
+            let prompt: Vec<u32> = (0..30).map(|i| (i * 53 % 500 + 3) as u32).collect();
+            let mut st = e.new_state();
+            e.generate_with(
+                &mut st,
+                &prompt,
+                &p,
+                Some(&mut twins),
+                StatsRecorder::start(),
+                &mut |_| true,
+            )
+            .expect("generate");
+            assert!(twins.rounds > 5, "{shape}: {} rounds", twins.rounds);
+        }
     }
 }

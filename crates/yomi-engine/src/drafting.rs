@@ -67,15 +67,25 @@ impl Engine {
         }
     }
 
+    /// The DFlash drafter attached with [`attach_dflash`](Self::attach_dflash), if any, to build
+    /// a [`DFlashDrafter`] directly (e.g. to read its [`DFlashDrafter::times`]).
+    pub fn dflash_setup(&self) -> Option<Arc<DFlashSetup>> {
+        self.dflash.clone()
+    }
+
     /// Loads the DFlash drafter in `dir` (z-lab's checkpoint format) for this engine's model:
-    /// `--draft dflash` then drafts with it, as a `shape` of draft.
+    /// `--draft dflash` then drafts with it, as a `shape` of draft. Its weights are requantized
+    /// to Q8_0 for the CPU's int8 kernels ([`DFlash::quantize_q8_0`]): on the 2-core VM the
+    /// block pass of the SmolLM2 drafter took about half the time of its bf16 weights' f32
+    /// products, and its drafts were accepted as often (bench/RESULTS.md).
     pub fn attach_dflash(&mut self, dir: &Path, shape: DraftShape) -> Result<()> {
         let m = &self.model;
         if m.host_matrices_released || m.accel.is_some() {
             bail!("DFlash drafting runs on the CPU backend for now: use --device cpu");
         }
-        let model = DFlash::load(dir, m.cfg.hidden_size, m.cfg.vocab_size)
+        let mut model = DFlash::load(dir, m.cfg.hidden_size, m.cfg.vocab_size)
             .with_context(|| format!("cannot load the DFlash drafter in {}", dir.display()))?;
+        model.quantize_q8_0();
         let points = model.cfg.hidden_points();
         if let Some(&p) = points.iter().find(|&&p| p > m.cfg.num_layers) {
             bail!(

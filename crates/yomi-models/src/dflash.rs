@@ -288,6 +288,33 @@ impl DFlash<Cpu> {
         Self::from_source(cfg, &src)
     }
 
+    /// Requantizes every weight matrix to Q8_0 in the CPU's packed layout, so that the block
+    /// pass runs on the int8 kernels (AMX tiles from 5 rows) instead of f32 dot products: the
+    /// drafts change by what 8-bit weights and ~16-bit activations change in the logits, never
+    /// the output (the target verifies). Every width of a DFlash layer is a multiple of 32.
+    pub fn quantize_q8_0(&mut self) {
+        use yomi_cpu::quant::Pack;
+        use yomi_weights::{QuantData, QuantType, WeightData};
+        let mut ms: Vec<&mut yomi_weights::Matrix> = vec![&mut self.fc];
+        for l in &mut self.layers {
+            let (a, m) = (&mut l.attn, &mut l.mlp);
+            ms.extend([&mut a.q, &mut a.k, &mut a.v, &mut a.o]);
+            ms.extend([&mut m.gate, &mut m.up, &mut m.down]);
+        }
+        for m in ms {
+            if !m.cols.is_multiple_of(QuantType::Q8_0.block_size()) {
+                continue;
+            }
+            let mut data = vec![0.0f32; m.rows * m.cols];
+            let mut buf = vec![0.0f32; m.cols];
+            for (r, row) in data.chunks_exact_mut(m.cols).enumerate() {
+                row.copy_from_slice(m.row_f32(r, &mut buf));
+            }
+            m.data = WeightData::Quant(QuantData::quantize(QuantType::Q8_0, m.rows, m.cols, &data));
+            m.pack();
+        }
+    }
+
     /// Builds the drafter from any weight source, checking every tensor's name and shape.
     pub fn from_source(cfg: DFlashConfig, src: &dyn WeightSource) -> Result<Self> {
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);

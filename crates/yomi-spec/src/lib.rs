@@ -77,6 +77,11 @@ pub trait Drafter: Send {
     /// [`set_row_cost`](Self::set_row_cost) while it is non-empty; past its end the last step
     /// continues. The default ignores it.
     fn set_pass_costs(&mut self, _costs: &[f32]) {}
+
+    /// Tells the drafter how long a one-row pass takes on this device (seconds, the median of
+    /// the last few measured), so that a drafter whose own work takes time every round (a
+    /// model's forward) can weigh it against the pass costs above. The default ignores it.
+    fn set_pass_seconds(&mut self, _one_row: f64) {}
 }
 
 /// The acceptance walk over precomputed per-row samples (`samples[r]` is the target's draw at

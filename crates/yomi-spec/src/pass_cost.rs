@@ -160,10 +160,22 @@ impl PassCost {
         true
     }
 
+    /// The median time of the last one-row passes (seconds), once enough are measured.
+    pub fn one_row_seconds(&self) -> Option<f64> {
+        self.sizes
+            .first()
+            .filter(|s| s.count >= Self::MIN_TIMES)
+            .map(SizeTimes::median)
+    }
+
     /// Tells `drafter` what a pass costs before a proposal of at most `max_drafts` drafts: the
     /// curve once one-row passes and the fit are known, else the fit alone, else nothing (it
-    /// keeps its own estimate). `curve` is scratch, reused from pass to pass.
+    /// keeps its own estimate); and how long a one-row pass takes, once measured. `curve` is
+    /// scratch, reused from pass to pass.
     pub fn inform(&self, drafter: &mut dyn Drafter, max_drafts: usize, curve: &mut Vec<f32>) {
+        if let Some(s) = self.one_row_seconds() {
+            drafter.set_pass_seconds(s);
+        }
         if self.curve(max_drafts, curve) {
             drafter.set_pass_costs(curve);
         } else if let Some((r, g)) = self.model() {
@@ -265,6 +277,18 @@ mod tests {
         let (r, g) = c.model().expect("a model");
         assert!(close(out[2], 1.0 + 2.0 * r + 4.0 * g), "{out:?}");
         assert!(close(out[5], 1.0 + 5.0 * r + 25.0 * g), "{out:?}");
+    }
+
+    /// The one-row time is the median of the last one-row passes, once three are measured.
+    #[test]
+    fn one_row_seconds_is_the_median_once_measured() {
+        let mut c = PassCost::default();
+        c.add(1, 2e-3);
+        c.add(4, 9e-3);
+        c.add(1, 50e-3);
+        assert_eq!(c.one_row_seconds(), None);
+        c.add(1, 3e-3);
+        assert_eq!(c.one_row_seconds(), Some(3e-3));
     }
 
     /// A size not run for a long time falls back to the fit, and comes back when it runs.
