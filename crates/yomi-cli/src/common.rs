@@ -181,7 +181,8 @@ pub struct DraftArgs {
     #[arg(long, value_name = "DIR")]
     pub draft_model: Option<PathBuf>,
     /// How a DFlash block becomes a draft: `tree` (best-first over each position's top
-    /// candidates, sized by the measured cost of verifying rows) or `chain`.
+    /// candidates, sized by the measured cost of verifying rows), `chain`, or `mixed` (the tree
+    /// plus the suffix drafter's branch where the text repeats).
     #[arg(long, default_value = "tree", value_name = "SHAPE", value_parser = clap::value_parser!(DraftShape))]
     pub draft_tree: DraftShape,
 }

@@ -13,6 +13,13 @@
 //! the drafting included. Committed rows reach the drafter's context in batches, just before
 //! the next block pass, so that rounds without drafting pay little for it.
 //!
+//! **Mixed trees** ([`DraftShape::Mixed`]): a [`SuffixDrafter`] runs beside the block every
+//! round, and where it has a continuation worth its rows (by its own estimates and the same
+//! pass costs) its branch joins the DFlash tree in the same pass; the block's tree fills the
+//! rest of the budget, and nodes both propose are verified once. Each drafter learns from the
+//! drafts of its own that were accepted, and a DFlash round is judged by what it added to the
+//! suffix drafter's branch. Rounds the back-off skips still verify the suffix branch.
+//!
 //! The drafter runs on the CPU backend. Its block's distributions are marginals (each position
 //! is drafted without knowing the tokens before it), so a node's score, the product of its
 //! path's probabilities, estimates its acceptance only roughly; the verify pass keeps the
@@ -25,7 +32,7 @@ use std::time::Instant;
 
 use yomi_cpu::backend::Cpu;
 use yomi_models::dflash::{DFlash, DFlashState};
-use yomi_spec::{DraftTree, Drafter};
+use yomi_spec::{DraftTree, Drafter, SuffixDrafter};
 use yomi_weights::Matrix;
 
 pub mod backoff;
@@ -39,6 +46,8 @@ pub enum DraftShape {
     Chain,
     /// Best-first over every position's top candidates, by the product of probabilities.
     Tree,
+    /// The tree plus the suffix drafter's branch where it has a confident continuation.
+    Mixed,
 }
 
 impl std::str::FromStr for DraftShape {
@@ -47,8 +56,9 @@ impl std::str::FromStr for DraftShape {
         match s {
             "chain" => Ok(DraftShape::Chain),
             "tree" => Ok(DraftShape::Tree),
+            "mixed" => Ok(DraftShape::Mixed),
             _ => Err(format!(
-                "unknown draft tree shape {s:?} (expected chain or tree)"
+                "unknown draft tree shape {s:?} (expected chain, tree or mixed)"
             )),
         }
     }
@@ -59,6 +69,7 @@ impl std::fmt::Display for DraftShape {
         f.write_str(match self {
             DraftShape::Chain => "chain",
             DraftShape::Tree => "tree",
+            DraftShape::Mixed => "mixed",
         })
     }
 }
@@ -130,9 +141,16 @@ pub struct DFlashDrafter {
     one_row: Option<f64>,
     /// The decayed mean time of the LM head and the ranking per drafted position (seconds).
     head_row: Option<f64>,
-    /// The drafts of the round being verified and its drafting time (seconds), until
-    /// [`Drafter::observe`].
-    round: Option<(usize, f64)>,
+    /// The round being verified, until its accepted tokens are committed.
+    round: Option<Round>,
+    /// The engine's outcome of that round: (accepted drafts, proposed drafts).
+    outcome: Option<(usize, usize)>,
+    /// The suffix drafter of a mixed tree.
+    suffix: Option<SuffixDrafter>,
+    /// The round's proposals, both rooted at the anchor: the suffix drafter's and the block's
+    /// (merged into the draft).
+    stree: DraftTree,
+    dtree: DraftTree,
     /// The round's summed draft scores per depth (index d − 1).
     depth_scores: Vec<f32>,
     /// Committed rows waiting in `features` for the context: `pending` rows from position
@@ -147,9 +165,19 @@ pub struct DFlashDrafter {
 /// A row's `k` best tokens with their probabilities, best first.
 type RankRow = fn(&[f32], usize, &mut Vec<(u32, f32)>);
 
+/// A proposed round: whether the block drafted, the drafts proposed in all, and the block's
+/// drafting time (seconds).
+#[derive(Clone, Copy, Debug)]
+struct Round {
+    dflash: bool,
+    drafts: usize,
+    secs: f64,
+}
+
 impl DFlashDrafter {
     pub fn new(setup: Arc<DFlashSetup>) -> Self {
         let state = setup.model.new_state(&Cpu, setup.context);
+        let mixed = setup.shape == DraftShape::Mixed;
         DFlashDrafter {
             points: setup.model.cfg.hidden_points(),
             state,
@@ -166,6 +194,10 @@ impl DFlashDrafter {
             one_row: None,
             head_row: None,
             round: None,
+            outcome: None,
+            suffix: mixed.then(SuffixDrafter::default),
+            stree: DraftTree::new(),
+            dtree: DraftTree::new(),
             depth_scores: Vec::new(),
             pending_start: 0,
             pending: 0,
@@ -195,13 +227,19 @@ impl DFlashDrafter {
 
     /// The number of leading drafts (`(depth, score)` by non-increasing score) that maximises
     /// the round's expected tokens per unit of cost: 1 + Σ calibrated scores over the drafting
-    /// already spent (`fixed`, in one-row passes) plus the verify pass.
-    fn best_count(&self, scores: impl Iterator<Item = (usize, f32)>, fixed: f32) -> usize {
+    /// already spent (`fixed`, in one-row passes) plus the verify pass, whose `extra` rows of
+    /// other drafts are paid anyway.
+    fn best_count(
+        &self,
+        scores: impl Iterator<Item = (usize, f32)>,
+        fixed: f32,
+        extra: usize,
+    ) -> usize {
         let (mut best, mut sum) = (0, 1.0f32);
-        let mut best_rate = 1.0 / (fixed + self.cost(0));
+        let mut best_rate = 1.0 / (fixed + self.cost(extra));
         for (i, (d, s)) in scores.enumerate() {
             sum += (self.backoff.calibration(d) * s).min(1.0);
-            let rate = sum / (fixed + self.cost(i + 1));
+            let rate = sum / (fixed + self.cost(extra + i + 1));
             if rate > best_rate {
                 (best, best_rate) = (i + 1, rate);
             }
@@ -236,7 +274,7 @@ impl DFlashDrafter {
         }
     }
 
-    fn propose_chain(&mut self, budget: usize, fixed: f32, out: &mut DraftTree) {
+    fn propose_chain(&mut self, budget: usize, fixed: f32, extra: usize) {
         let mut scores = std::mem::take(&mut self.depth_scores);
         scores.clear();
         scores.extend(self.top.iter().take(budget).scan(1.0f32, |s, t| {
@@ -246,16 +284,17 @@ impl DFlashDrafter {
         let n = self.best_count(
             scores.iter().copied().enumerate().map(|(i, s)| (i + 1, s)),
             fixed,
+            extra,
         );
         scores.truncate(n);
         self.depth_scores = scores;
         let mut parent = 0;
         for t in &self.top[..n] {
-            parent = out.push(parent, t[0].0);
+            parent = self.dtree.push(parent, t[0].0);
         }
     }
 
-    fn propose_tree(&mut self, budget: usize, fixed: f32, out: &mut DraftTree) {
+    fn propose_tree(&mut self, budget: usize, fixed: f32, extra: usize) {
         // Nodes: (parent node, depth, token, score); node 0 is the root.
         let mut nodes: Vec<(usize, usize, u32, f32)> = vec![(0, 0, 0, 1.0)];
         let mut heap = BinaryHeap::new();
@@ -291,7 +330,7 @@ impl DFlashDrafter {
         }
         // Popped in non-increasing score order (a child never outscores its parent), so the
         // best prefix is a tree.
-        let n = self.best_count(nodes[1..].iter().map(|x| (x.1, x.3)), fixed);
+        let n = self.best_count(nodes[1..].iter().map(|x| (x.1, x.3)), fixed, extra);
         nodes.truncate(n + 1);
         // The chance of reaching a depth: its nodes' paths are disjoint events.
         self.depth_scores.clear();
@@ -310,7 +349,7 @@ impl DFlashDrafter {
         let mut row = vec![0usize; nodes.len()];
         let mut stack: Vec<usize> = children[0].iter().rev().copied().collect();
         while let Some(i) = stack.pop() {
-            row[i] = out.push(row[nodes[i].0], nodes[i].2);
+            row[i] = self.dtree.push(row[nodes[i].0], nodes[i].2);
             stack.extend(children[i].iter().rev());
         }
     }
@@ -345,23 +384,15 @@ impl Ord for Cand {
     }
 }
 
-impl Drafter for DFlashDrafter {
-    fn propose(&mut self, context: &[u32], budget: usize, out: &mut DraftTree) {
-        let Some(&anchor) = context.last() else {
-            return;
-        };
-        out.reset(anchor);
-        if self.full || budget == 0 {
-            return;
-        }
-        if !self.backoff.should_draft() {
-            self.times.skipped += 1;
-            return;
-        }
+impl DFlashDrafter {
+    /// One block pass and its draft of at most `budget` drafts into `dtree`, beside `extra`
+    /// rows of other drafts; the drafting time (seconds), or `None` once the context is full.
+    fn draft_block(&mut self, context: &[u32], budget: usize, extra: usize) -> Option<f64> {
+        let anchor = *context.last()?;
         let t0 = Instant::now();
         self.flush();
         if self.full {
-            return;
+            return None;
         }
         let setup = self.setup.clone();
         let s = &*setup;
@@ -372,14 +403,14 @@ impl Drafter for DFlashDrafter {
             .is_err()
         {
             self.full = true;
-            return;
+            return None;
         }
         let t2 = Instant::now();
         let most = (s.model.cfg.block_size - 1).min(budget);
         let positions = match (self.one_row, self.head_row) {
             (Some(one), Some(head)) => self
                 .backoff
-                .positions(most, (head / one) as f32, |n| self.cost(n)),
+                .positions(most, (head / one) as f32, |n| self.cost(extra + n)),
             _ => most,
         };
         if s.model
@@ -387,7 +418,7 @@ impl Drafter for DFlashDrafter {
             .is_err()
         {
             self.full = true;
-            return;
+            return None;
         }
         let t3 = Instant::now();
         // The buffer may be longer than this round's rows (it only grows).
@@ -397,11 +428,9 @@ impl Drafter for DFlashDrafter {
             .one_row
             .map_or(0.0, |one| ((t4 - t0).as_secs_f64() / one) as f32);
         match s.shape {
-            DraftShape::Chain => self.propose_chain(budget, fixed, out),
-            DraftShape::Tree => self.propose_tree(budget, fixed, out),
+            DraftShape::Chain => self.propose_chain(budget, fixed, extra),
+            DraftShape::Tree | DraftShape::Mixed => self.propose_tree(budget, fixed, extra),
         }
-        let secs = t0.elapsed().as_secs_f64();
-        self.round = Some((out.num_drafts(), secs));
         let per = (t4 - t2).as_secs_f64() / positions as f64;
         self.head_row = Some(
             self.head_row
@@ -414,24 +443,145 @@ impl Drafter for DFlashDrafter {
         t.head += (t3 - t2).as_secs_f64();
         t.rank += (t4 - t3).as_secs_f64();
         t.shape += t4.elapsed().as_secs_f64();
+        Some(t0.elapsed().as_secs_f64())
     }
 
-    fn observe(&mut self, accepted: usize, proposed: usize) {
-        let Some((drafts, secs)) = self.round.take() else {
+    /// Learns from a verified round whose accepted drafts were `path`.
+    fn settle(&mut self, round: Round, proposed: usize, path: &[u32]) {
+        let (ks, kd) = (
+            accepted_depth(&self.stree, path),
+            accepted_depth(&self.dtree, path),
+        );
+        let ns = self.stree.num_drafts();
+        if let Some(sfx) = self.suffix.as_mut()
+            && ns > 0
+        {
+            sfx.observe(ks, ns);
+        }
+        if !round.dflash {
             return;
-        };
-        self.times.drafts += proposed as u64;
-        self.times.accepted += accepted as u64;
+        }
         // A draft the engine cut (the output's end) has depths the scores no longer match.
-        let scores: &[f32] = if proposed == drafts {
+        let scores: &[f32] = if proposed == round.drafts {
             &self.depth_scores
         } else {
             &[]
         };
-        let cost = self
-            .one_row
-            .map(|one| (secs / one) as f32 + self.cost(proposed));
-        self.backoff.observe(accepted, scores, cost);
+        // Against the round it replaced (the suffix branch alone, or a plain pass): the
+        // tokens the block added beyond that branch for its drafting and the rows it added.
+        let gain = self.one_row.map(|one| {
+            let rows = self.cost(proposed) - self.cost(ns.min(proposed));
+            Backoff::gain_of(kd.max(ks) - ks, (round.secs / one) as f32 + rows)
+        });
+        self.backoff.observe(kd, scores, gain);
+    }
+}
+
+/// How deep `path` (the accepted drafts' tokens) follows `tree` from its root.
+fn accepted_depth(tree: &DraftTree, path: &[u32]) -> usize {
+    let (tokens, parents) = (tree.tokens(), tree.parents());
+    let (mut cur, mut depth) = (0, 0);
+    'walk: for &tok in path {
+        // Children come after their parent.
+        for r in cur + 1..tree.len() {
+            if parents[r] == cur as i32 && tokens[r] == tok {
+                (cur, depth) = (r, depth + 1);
+                continue 'walk;
+            }
+        }
+        break;
+    }
+    depth
+}
+
+/// The union of two trees with one root into `out`, in depth-first preorder: `a`'s nodes in
+/// its order, then `b`'s that `a` lacks (a node both hold, by its path of tokens, once).
+fn merge(a: &DraftTree, b: &DraftTree, out: &mut DraftTree) {
+    let Some(root) = a.root() else {
+        return;
+    };
+    out.reset(root);
+    // The union as (token, children) per node, node 0 the root.
+    let mut nodes: Vec<(u32, Vec<usize>)> = vec![(root, Vec::new())];
+    let mut map: Vec<usize> = Vec::new();
+    for t in [a, b] {
+        map.clear();
+        map.push(0);
+        for r in 1..t.len() {
+            let (p, tok) = (map[t.parents()[r] as usize], t.tokens()[r]);
+            let at = match nodes[p].1.iter().find(|&&c| nodes[c].0 == tok) {
+                Some(&c) => c,
+                None => {
+                    nodes.push((tok, Vec::new()));
+                    let c = nodes.len() - 1;
+                    nodes[p].1.push(c);
+                    c
+                }
+            };
+            map.push(at);
+        }
+    }
+    let mut row = vec![0usize; nodes.len()];
+    let mut stack: Vec<usize> = nodes[0].1.iter().rev().copied().collect();
+    let mut parent = vec![0usize; nodes.len()];
+    for (i, n) in nodes.iter().enumerate() {
+        for &c in &n.1 {
+            parent[c] = i;
+        }
+    }
+    while let Some(i) = stack.pop() {
+        row[i] = out.push(row[parent[i]], nodes[i].0);
+        stack.extend(nodes[i].1.iter().rev());
+    }
+}
+
+impl Drafter for DFlashDrafter {
+    fn propose(&mut self, context: &[u32], budget: usize, out: &mut DraftTree) {
+        let Some(&anchor) = context.last() else {
+            return;
+        };
+        out.reset(anchor);
+        self.stree.reset(anchor);
+        self.dtree.reset(anchor);
+        self.round = None;
+        self.outcome = None;
+        if budget == 0 {
+            return;
+        }
+        if let Some(sfx) = self.suffix.as_mut() {
+            sfx.propose(context, budget, &mut self.stree);
+        }
+        let extra = self.stree.num_drafts().min(budget);
+        let room = budget - extra;
+        let dflash = if self.full || room == 0 {
+            false
+        } else if self.backoff.should_draft() {
+            true
+        } else {
+            self.times.skipped += 1;
+            false
+        };
+        let secs = if dflash {
+            self.draft_block(context, room, extra)
+        } else {
+            None
+        };
+        merge(&self.dtree, &self.stree, out);
+        if secs.is_some() || extra > 0 {
+            self.round = Some(Round {
+                dflash: secs.is_some(),
+                drafts: out.num_drafts(),
+                secs: secs.unwrap_or(0.0),
+            });
+        }
+    }
+
+    fn observe(&mut self, accepted: usize, proposed: usize) {
+        if self.round.is_some_and(|r| r.dflash) {
+            self.times.drafts += proposed as u64;
+            self.times.accepted += accepted as u64;
+        }
+        self.outcome = Some((accepted, proposed));
     }
 
     fn start_request(&mut self) {
@@ -439,6 +589,14 @@ impl Drafter for DFlashDrafter {
         self.full = false;
         self.pending = 0;
         self.round = None;
+        self.outcome = None;
+        if let Some(sfx) = self.suffix.as_mut() {
+            sfx.start_request();
+        }
+    }
+
+    fn history_tokens(&self) -> usize {
+        self.suffix.as_ref().map_or(0, |s| s.history_tokens())
     }
 
     fn hidden_points(&self) -> &[usize] {
@@ -446,6 +604,10 @@ impl Drafter for DFlashDrafter {
     }
 
     fn committed(&mut self, start: usize, tokens: &[u32], hidden: &[&[f32]]) {
+        // After a verify pass: the root and the accepted drafts.
+        if let (Some(round), Some((_, proposed))) = (self.round.take(), self.outcome.take()) {
+            self.settle(round, proposed, tokens.get(1..).unwrap_or(&[]));
+        }
         let n = tokens.len();
         if self.full || n == 0 || hidden.len() != self.points.len() {
             return;
@@ -472,15 +634,24 @@ impl Drafter for DFlashDrafter {
 
     fn set_row_cost(&mut self, relative: f32) {
         self.row_cost = relative;
+        if let Some(sfx) = self.suffix.as_mut() {
+            sfx.set_row_cost(relative);
+        }
     }
 
     fn set_row_cost_growth(&mut self, growth: f32) {
         self.growth = growth;
+        if let Some(sfx) = self.suffix.as_mut() {
+            sfx.set_row_cost_growth(growth);
+        }
     }
 
     fn set_pass_costs(&mut self, costs: &[f32]) {
         self.costs.clear();
         self.costs.extend_from_slice(costs);
+        if let Some(sfx) = self.suffix.as_mut() {
+            sfx.set_pass_costs(costs);
+        }
     }
 
     fn set_pass_seconds(&mut self, one_row: f64) {
@@ -542,6 +713,97 @@ mod tests {
         fn committed(&mut self, start: usize, tokens: &[u32], hidden: &[&[f32]]) {
             self.a.committed(start, tokens, hidden);
             self.b.committed(start, tokens, hidden);
+        }
+    }
+
+    fn tree(root: u32, nodes: &[(usize, u32)]) -> DraftTree {
+        let mut t = DraftTree::new();
+        t.reset(root);
+        for &(p, tok) in nodes {
+            t.push(p, tok);
+        }
+        t
+    }
+
+    /// The union keeps `a`'s order, adds `b`'s other nodes under the node of their path, and
+    /// is a valid tree; accepted depths follow each tree's own nodes.
+    #[test]
+    fn merged_trees_and_accepted_depths() {
+        // a: 9 → 1 → 2, 9 → 3; b: 9 → 1 → 4, 9 → 5.
+        let a = tree(9, &[(0, 1), (1, 2), (0, 3)]);
+        let b = tree(9, &[(0, 1), (1, 4), (0, 5)]);
+        let mut out = DraftTree::new();
+        merge(&a, &b, &mut out);
+        out.check().expect("a valid tree");
+        assert_eq!(out.tokens(), [9, 1, 2, 4, 3, 5]);
+        assert_eq!(out.parents(), [-1, 0, 1, 1, 0, 0]);
+        let path = [1, 4, 7];
+        assert_eq!(accepted_depth(&out, &path), 2);
+        assert_eq!(accepted_depth(&a, &path), 1);
+        assert_eq!(accepted_depth(&b, &path), 2);
+        assert_eq!(accepted_depth(&a, &[]), 0);
+        assert_eq!(accepted_depth(&a, &[3, 1]), 1);
+        // One tree alone comes back as it was.
+        merge(&a, &tree(9, &[]), &mut out);
+        assert_eq!((out.tokens(), out.parents()), (a.tokens(), a.parents()));
+    }
+
+    /// A mixed drafter's tree holds the suffix drafter's whole branch where the context
+    /// repeats, plus the block's drafts in the rest of the budget.
+    #[test]
+    fn a_mixed_tree_holds_the_suffix_branch() {
+        let opts = EngineOptions {
+            context_size: Some(256),
+            kv_cache: Some(KvDtype::F32),
+            ..Default::default()
+        };
+        let mut e = Engine::load(
+            &repo("../shared/fixtures/qwen35-tiny"),
+            &opts,
+            &mut |_, _| {},
+        )
+        .expect("load the target");
+        e.attach_dflash(
+            &repo("crates/yomi-models/tests/data/dflash-tiny"),
+            DraftShape::Mixed,
+        )
+        .expect("attach the drafter");
+        let mut d = DFlashDrafter::new(e.dflash_setup().expect("attached"));
+        // A 24-token passage, then its first 6 tokens again: the suffix drafter copies on.
+        let passage: Vec<u32> = (0..24).map(|i| (i * 29 % 400 + 7) as u32).collect();
+        let mut context = passage.clone();
+        context.extend_from_slice(&passage[..6]);
+        let mut want = DraftTree::new();
+        let mut sfx = SuffixDrafter::default();
+        let mut out = DraftTree::new();
+        for (budget, free) in [(16, true), (4, true), (16, false)] {
+            for x in [&mut d as &mut dyn Drafter, &mut sfx] {
+                x.set_row_cost(if free { 0.0 } else { 0.3 });
+            }
+            sfx.propose(&context, budget, &mut want);
+            d.propose(&context, budget, &mut out);
+            out.check().expect("a valid tree");
+            assert!(
+                out.num_drafts() <= budget,
+                "{} > {budget}",
+                out.num_drafts()
+            );
+            assert!(want.num_drafts() > 0, "the suffix drafter proposed nothing");
+            // Every suffix node's path is in the mixed tree.
+            for r in 1..want.len() {
+                let mut path = Vec::new();
+                let mut at = r;
+                while at != 0 {
+                    path.push(want.tokens()[at]);
+                    at = want.parents()[at] as usize;
+                }
+                path.reverse();
+                assert_eq!(accepted_depth(&out, &path), path.len(), "budget {budget}");
+            }
+            if free {
+                // Free rows: the block fills the budget.
+                assert_eq!(out.num_drafts(), budget, "budget {budget}");
+            }
         }
     }
 

@@ -1,11 +1,12 @@
 //! DFlash drafting in the generate loop is lossless: with the random-weight dflash-tiny drafter
-//! attached to its qwen35-tiny target, `--draft dflash` (chain and tree) emits exactly what
-//! plain decoding emits, greedy and seeded, and it does propose drafts (a drafter that proposed
-//! nothing would pass the equality trivially). Its trees keep the drafter contract.
+//! attached to its qwen35-tiny target, `--draft dflash` (chain, tree and mixed) emits exactly
+//! what plain decoding emits, greedy and seeded, and it does propose drafts (a drafter that
+//! proposed nothing would pass the equality trivially). Its trees keep the drafter contract.
 //!
-//! The lossless runs tell the drafter that rows are free and that a pass takes so long that
-//! its own work is free too: the random drafter's probabilities are low, so against a measured
-//! verify cost it may rightly propose nothing, and how much depends on the machine's timings. The back-off is tested the other way round: told that a pass takes a nanosecond,
+//! The lossless runs tell the drafter that rows are free and never how long a pass takes, so
+//! that it cannot weigh its own work and drafts every round: the random drafter's
+//! probabilities are low, so against measured costs it may rightly propose nothing, and how
+//! much depends on the machine's timings. The back-off is tested the other way round: told that a pass takes a nanosecond,
 //! any machine's drafting costs more than it can return.
 
 use std::path::PathBuf;
@@ -18,8 +19,9 @@ use yomi_engine::{Engine, EngineOptions, GenerateParams, Generation};
 use yomi_models::KvDtype;
 use yomi_spec::{DraftTree, Drafter};
 
-/// A drafter told that verifying rows costs nothing, whatever the engine measures, and that a
-/// one-row pass takes 10⁹ s, so its own work is free: it drafts its whole budget every round.
+/// A drafter told that verifying rows costs nothing, whatever the engine measures, and never
+/// how long a pass takes (the engine's [`Drafter::set_pass_seconds`] stops here): it drafts its
+/// whole budget every round.
 struct FreeRows<'a>(&'a mut (dyn Drafter + 'static));
 
 impl Drafter for FreeRows<'_> {
@@ -27,7 +29,6 @@ impl Drafter for FreeRows<'_> {
         self.0.set_pass_costs(&[]);
         self.0.set_row_cost(0.0);
         self.0.set_row_cost_growth(0.0);
-        self.0.set_pass_seconds(1e9);
         self.0.propose(context, budget, out)
     }
     fn observe(&mut self, accepted: usize, proposed: usize) {
@@ -164,8 +165,9 @@ fn dflash_backs_off_when_drafting_does_not_pay() {
     }
 }
 
-/// Where drafting and rows are free, no round is skipped (the last pass, with room for no
-/// draft, asks for none) and every round computes the whole block's positions.
+/// Where rows are free and the drafter cannot weigh its own work (no pass time), no round is
+/// skipped (the last pass, with room for no draft, asks for none) and every round computes the
+/// whole block's positions.
 #[test]
 fn dflash_drafts_every_round_when_it_is_free() {
     let e = engine(Some(DraftShape::Tree));
@@ -193,6 +195,32 @@ fn dflash_drafts_every_round_when_it_is_free() {
         g.stats
     );
     assert_eq!(t.positions, block_positions * t.rounds);
+}
+
+#[test]
+fn dflash_drafting_is_lossless_greedy_and_seeded() {
+    let plain = engine(None);
+    for shape in [DraftShape::Chain, DraftShape::Tree, DraftShape::Mixed] {
+        let e = engine(Some(shape));
+        for sampler in [
+            SamplerParams::greedy(),
+            SamplerParams {
+                temperature: 0.8,
+                top_p: 0.95,
+                seed: 7,
+                ..Default::default()
+            },
+        ] {
+            let want = generate(&plain, DraftMode::None, sampler.clone());
+            let got = generate(&e, DraftMode::DFlash, sampler.clone());
+            assert_eq!(got.output_ids, want.output_ids, "{shape} {sampler:?}");
+            assert!(
+                got.stats.drafted_tokens_per_pass > 0.0,
+                "{shape}: the drafter proposed nothing ({:?})",
+                got.stats
+            );
+        }
+    }
 }
 
 #[test]

@@ -2,7 +2,8 @@
 //! rounds. A plain pass emits one token for one one-row pass; a drafting round emits
 //! 1 + accepted tokens for the drafter's own work (its block pass, the LM head over the drafted
 //! positions, the ranking, the context it keeps) plus the verify pass of its drafts, all in
-//! one-row passes. The difference is the round's **gain**.
+//! one-row passes. The difference is the round's **gain** (in a mixed tree, against the
+//! suffix drafter's branch alone: the tokens the block's drafts added for what they cost).
 //!
 //! - **Whether to draft.** A decayed mean of the gain of recent drafting rounds; while it is
 //!   negative the drafter skips its rounds (a plain pass) and probes after a wait, which
@@ -70,6 +71,14 @@ impl Backoff {
         }
     }
 
+    /// A drafting round's gain against the round it replaced, in one-row passes: the tokens it
+    /// adds (`tokens`) minus what it costs more (`cost`: its drafting and the verify rows it
+    /// adds). Against a plain pass: the accepted drafts, for the drafting and C(n) − 1 with
+    /// C(n) the cost of a pass with the round's n drafts.
+    pub fn gain_of(tokens: usize, cost: f32) -> f32 {
+        tokens as f32 - cost
+    }
+
     /// The decayed mean gain of recent drafting rounds, in one-row passes.
     pub fn gain(&self) -> Option<f32> {
         self.gain
@@ -113,11 +122,12 @@ impl Backoff {
         max
     }
 
-    /// The outcome of a drafting round: `accepted` drafts accepted; `scores[d − 1]` the summed
-    /// scores of its drafts at depth d (empty when nothing was proposed or the draft was cut
-    /// after proposing, so that its depths are unknown); `cost` the round's cost in one-row
-    /// passes (drafting plus the verify pass), unknown before passes are timed.
-    pub fn observe(&mut self, accepted: usize, scores: &[f32], cost: Option<f32>) {
+    /// The outcome of a drafting round: `accepted` of its drafts accepted; `scores[d − 1]` the
+    /// summed scores of its drafts at depth d (empty when nothing was proposed or the draft
+    /// was cut after proposing, so that its depths are unknown); `gain` the round's gain in
+    /// one-row passes against the round it replaced ([`Backoff::gain_of`]), unknown before
+    /// passes are timed.
+    pub fn observe(&mut self, accepted: usize, scores: &[f32], gain: Option<f32>) {
         for v in [&mut self.tried, &mut self.hit, &mut self.scored] {
             v.iter_mut().for_each(|x| *x *= DECAY);
             if v.len() < scores.len() {
@@ -131,10 +141,9 @@ impl Backoff {
                 self.hit[d] += 1.0;
             }
         }
-        let Some(cost) = cost.filter(|c| c.is_finite()) else {
+        let Some(g) = gain.filter(|g| g.is_finite()) else {
             return;
         };
-        let g = 1.0 + accepted as f32 - cost;
         let was = self.gain;
         self.gain = Some(match was {
             Some(m) if !self.probing => GAIN_DECAY * m + (1.0 - GAIN_DECAY) * g,
@@ -173,7 +182,11 @@ mod tests {
         for round in 0..200 {
             if b.should_draft() {
                 drafted.push(round);
-                b.observe(0, &[0.6, 0.3], Some(1.5 + steep(2)));
+                b.observe(
+                    0,
+                    &[0.6, 0.3],
+                    Some(Backoff::gain_of(0, 1.5 + steep(2) - 1.0)),
+                );
             }
         }
         assert!(b.gain().is_some_and(|g| g < 0.0));
@@ -194,7 +207,11 @@ mod tests {
         assert_eq!(b.positions(15, 0.05, steep), 1);
         for _ in 0..100 {
             assert!(b.should_draft());
-            b.observe(6, &[0.9, 0.8, 0.7, 0.6, 0.5, 0.4], Some(1.2 + steep(6)));
+            b.observe(
+                6,
+                &[0.9, 0.8, 0.7, 0.6, 0.5, 0.4],
+                Some(Backoff::gain_of(6, 1.2 + steep(6) - 1.0)),
+            );
         }
         assert!(b.gain().is_some_and(|g| g > 0.0));
         assert!(b.reach(6) > 0.95, "{}", b.reach(6));
@@ -210,14 +227,14 @@ mod tests {
     fn a_paying_probe_resumes_drafting() {
         let mut b = Backoff::default();
         assert!(b.should_draft());
-        b.observe(0, &[0.5], Some(3.0));
+        b.observe(0, &[0.5], Some(Backoff::gain_of(0, 2.0)));
         assert!(!b.should_draft());
         assert!(b.should_draft(), "the probe after one skipped round");
-        b.observe(4, &[0.9, 0.9, 0.9, 0.9], Some(2.5));
+        b.observe(4, &[0.9, 0.9, 0.9, 0.9], Some(Backoff::gain_of(4, 1.5)));
         assert_eq!(b.gain(), Some(2.5));
         for _ in 0..5 {
             assert!(b.should_draft());
-            b.observe(3, &[0.9, 0.9, 0.9], Some(2.5));
+            b.observe(3, &[0.9, 0.9, 0.9], Some(Backoff::gain_of(3, 1.5)));
         }
         // Unknown costs (no pass timed yet) leave the gain alone.
         b.observe(0, &[0.1], None);
