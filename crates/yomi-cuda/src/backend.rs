@@ -385,6 +385,16 @@ impl Cuda {
         buf.packed(n)
     }
 
+    /// The first `n` packed values of `buf`, which an op updates in place.
+    fn in_place<'b>(&self, buf: &'b mut DevBuf, n: usize) -> Result<CudaViewMut<'b, f32>> {
+        ensure!(buf.view.is_none(), "a strided buffer updated in place");
+        let have = buf.capacity();
+        match &mut buf.mem {
+            Some(m) if have >= n => Ok(m.slice_mut(0..n)),
+            _ => bail!("a buffer of {have} values updated for {n}"),
+        }
+    }
+
     /// Rows `r0 .. r0 + n` of `buf`, `width` values each: its own packed rows or the rows of
     /// the projection it views; with the row stride.
     fn rows<'b>(
@@ -585,12 +595,7 @@ impl Backend for Cuda {
     fn add_inplace(&self, h: &mut DevBuf, add: &DevBuf, n: usize) {
         self.run("add_inplace", || {
             let a = self.inp(add, n)?;
-            ensure!(h.view.is_none(), "add_inplace into a strided buffer");
-            let hv = h
-                .mem
-                .as_mut()
-                .ok_or_else(|| anyhow!("add_inplace into an empty buffer"))?;
-            self.dev.add_inplace(&mut hv.slice_mut(0..n), &a)?;
+            self.dev.add_inplace(&mut self.in_place(h, n)?, &a)?;
             Ok(())
         });
     }
@@ -619,12 +624,8 @@ impl Backend for Cuda {
 
     fn rms_norm_groups_inplace(&self, x: &mut DevBuf, n: usize, w: &CudaSlice<f32>, eps: f32) {
         self.run("rms_norm_groups_inplace", || {
-            ensure!(x.view.is_none(), "a strided buffer normed in place");
-            let m = x
-                .mem
-                .as_mut()
-                .ok_or_else(|| anyhow!("an empty buffer normed"))?;
-            self.dev.rms_norm_inplace(&mut m.slice_mut(0..n), w, eps)?;
+            self.dev
+                .rms_norm_inplace(&mut self.in_place(x, n)?, w, eps)?;
             Ok(())
         });
     }
@@ -663,12 +664,7 @@ impl Backend for Cuda {
     ) {
         self.run("add_norm", || {
             let n = t * norm.len();
-            ensure!(h.view.is_none(), "a strided residual stream");
-            let hm = h
-                .mem
-                .as_mut()
-                .ok_or_else(|| anyhow!("an empty residual stream"))?;
-            let mut hv = hm.slice_mut(0..n);
+            let mut hv = self.in_place(h, n)?;
             match add {
                 Some(a) => {
                     let a = self.inp(a, n)?;
@@ -786,7 +782,7 @@ impl Backend for Cuda {
                     self.dev
                         .linear(&xv, t, um, None, &mut self.out(u, t * inter)?)?;
                     let uv = self.inp(u, t * inter)?;
-                    self.dev.swiglu(&mut self.out(g, t * inter)?, &uv)?;
+                    self.dev.swiglu(&mut self.in_place(g, t * inter)?, &uv)?;
                 }
             }
             let dm = down.own()?;
@@ -800,12 +796,7 @@ impl Backend for Cuda {
     fn swiglu_inplace(&self, gate: &mut DevBuf, up: &DevBuf, n: usize) {
         self.run("swiglu", || {
             let uv = self.inp(up, n)?;
-            ensure!(gate.view.is_none(), "SwiGLU into a strided buffer");
-            let gm = gate
-                .mem
-                .as_mut()
-                .ok_or_else(|| anyhow!("SwiGLU into an empty buffer"))?;
-            self.dev.swiglu(&mut gm.slice_mut(0..n), &uv)?;
+            self.dev.swiglu(&mut self.in_place(gate, n)?, &uv)?;
             Ok(())
         });
     }
@@ -1001,12 +992,7 @@ impl Backend for Cuda {
     fn sigmoid_gate_inplace(&self, o: &mut DevBuf, gate: &DevBuf, n: usize) {
         self.run("sigmoid_gate", || {
             let gv = self.inp(gate, n)?;
-            ensure!(o.view.is_none(), "a gate applied to a strided buffer");
-            let om = o
-                .mem
-                .as_mut()
-                .ok_or_else(|| anyhow!("a gate applied to an empty buffer"))?;
-            self.dev.sigmoid_mul(&mut om.slice_mut(0..n), &gv)?;
+            self.dev.sigmoid_mul(&mut self.in_place(o, n)?, &gv)?;
             Ok(())
         });
     }
@@ -1208,13 +1194,8 @@ impl Backend for Cuda {
             };
             let rows_n = n / (heads * dv);
             let (zv, zs) = self.rows(z, 0, rows_n, width)?;
-            ensure!(o.view.is_none(), "a gated norm of a strided buffer");
-            let om = o
-                .mem
-                .as_mut()
-                .ok_or_else(|| anyhow!("a gated norm of an empty buffer"))?;
             self.dev
-                .rms_norm_gated_strided(&mut om.slice_mut(0..n), &zv, heads, zs, w, eps)?;
+                .rms_norm_gated_strided(&mut self.in_place(o, n)?, &zv, heads, zs, w, eps)?;
             Ok(())
         });
     }
