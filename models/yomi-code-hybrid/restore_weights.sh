@@ -6,6 +6,13 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 for f in model-00001-of-00003 model-00002-of-00003 model-00003-of-00003; do
-    [ -f "$f.safetensors" ] || git show "061d1fc:./$f.safetensors" >"$f.safetensors"
+    # Through a temporary name (ignored by git like the shards): an interrupted write must not
+    # leave a file that the next run takes for restored (the check below would then fail on
+    # every run). Tests may run this concurrently; each writer has its own name, mv is atomic.
+    if [ ! -f "$f.safetensors" ]; then
+        tmp="$f.partial-$$.safetensors"
+        git show "061d1fc:./$f.safetensors" >"$tmp" || { rm -f "$tmp"; exit 1; }
+        mv "$tmp" "$f.safetensors"
+    fi
 done
 sha256sum -c weights.sha256

@@ -37,6 +37,9 @@ fn normalise(name: &str) -> Option<String> {
     } else {
         name.to_string()
     };
+    // The MTP block (`mtp.*`, with `mtp_num_hidden_layers` in the config; e.g.
+    // models/yomi-code-hybrid) is a drafter beside the trunk: the trunk's forward never reads
+    // it, so it is skipped here rather than refused, until `--draft mtp` (issue 41) reads it.
     if n.starts_with("model.visual.") || n.starts_with("visual.") || n.starts_with("mtp.") {
         return None;
     }
