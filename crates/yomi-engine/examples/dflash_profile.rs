@@ -10,8 +10,8 @@
 //! PROMPTS.jsonl [N (8)] [MAX_TOKENS (128)] [free], where PROMPTS.jsonl holds one JSON object with a
 //! `prompt` (a user message, sent through the chat template) per line, e.g.
 //! `zcat tools/train/data/tune.jsonl.gz > /tmp/tune.jsonl` (the tuning split: never profile or
-//! tune on the evaluation prompts). `free` tells the drafter that rows cost nothing and not
-//! how long a pass takes, so that it drafts the whole block every round: what its drafts are
+//! tune on the evaluation prompts). `free` tells the drafter that rows and its own work cost
+//! nothing, so that it drafts the whole block every round: what its drafts are
 //! worth, whatever the machine. Each shape runs with the drafter's weights as stored (bf16)
 //! and as the engine runs them, requantized to Q8_0 ([`DFlash::quantize_q8_0`]).
 
@@ -204,8 +204,8 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// A drafter told that rows are free and never how long a pass takes (so that it cannot weigh
-/// its own work): it drafts the whole block every round, which measures how far its drafts are
+/// A drafter told that rows are free and that a pass takes forever (so that its own work is
+/// free): it drafts the whole block every round, which measures how far its drafts are
 /// accepted whatever the machine's timings.
 struct Free<'a>(&'a mut DFlashDrafter);
 
@@ -214,6 +214,7 @@ impl Drafter for Free<'_> {
         self.0.set_pass_costs(&[]);
         self.0.set_row_cost(0.0);
         self.0.set_row_cost_growth(0.0);
+        self.0.set_pass_seconds(f64::MAX);
         self.0.propose(context, budget, out)
     }
     fn observe(&mut self, accepted: usize, proposed: usize) {

@@ -5,7 +5,8 @@
 //! it is expected to return.
 //!
 //! A round costs the drafter's own work besides the verify pass, timed by the drafter against
-//! the engine's one-row pass ([`Drafter::set_pass_seconds`]): the block pass, the target's LM
+//! the engine's one-row pass ([`Drafter::set_pass_seconds`]; until the engine has timed it,
+//! every other round is a one-row pass): the block pass, the target's LM
 //! head over the drafted positions (computed only for the positions worth drafting) and the
 //! ranking. [`backoff::Backoff`] learns from the rounds whether drafting pays on this machine
 //! and how deep: rounds that do not pay are skipped (a plain pass) with probes now and then,
@@ -139,6 +140,8 @@ pub struct DFlashDrafter {
     backoff: Backoff,
     /// The one-row pass time (seconds), once the engine has measured it.
     one_row: Option<f64>,
+    /// Before that, whether this round is left to a one-row pass (every other round).
+    timing_turn: bool,
     /// The decayed mean time of the LM head and the ranking per drafted position (seconds).
     head_row: Option<f64>,
     /// The round being verified, until its accepted tokens are committed.
@@ -192,6 +195,7 @@ impl DFlashDrafter {
             times: DraftTimes::default(),
             backoff: Backoff::default(),
             one_row: None,
+            timing_turn: false,
             head_row: None,
             round: None,
             outcome: None,
@@ -553,9 +557,15 @@ impl Drafter for DFlashDrafter {
         }
         let extra = self.stree.num_drafts().min(budget);
         let room = budget - extra;
+        // Until the engine has timed one-row passes (three, outside its thread-count probes)
+        // every other round is one, so that the drafter can weigh its work from early on.
+        let timing = self.one_row.is_none() && {
+            self.timing_turn = !self.timing_turn;
+            self.timing_turn
+        };
         let dflash = if self.full || room == 0 {
             false
-        } else if self.backoff.should_draft() {
+        } else if !timing && self.backoff.should_draft() {
             true
         } else {
             self.times.skipped += 1;
@@ -769,10 +779,13 @@ mod tests {
         )
         .expect("attach the drafter");
         let mut d = DFlashDrafter::new(e.dflash_setup().expect("attached"));
-        // A 24-token passage, then its first 6 tokens again: the suffix drafter copies on.
-        let passage: Vec<u32> = (0..24).map(|i| (i * 29 % 400 + 7) as u32).collect();
-        let mut context = passage.clone();
-        context.extend_from_slice(&passage[..6]);
+        // Its own work free: no round is left to timing or skipped.
+        d.set_pass_seconds(f64::MAX);
+        // 20 tokens, a 6-token phrase, 3 tokens, the phrase again: the suffix drafter copies
+        // what followed the phrase (fewer drafts than the budget; the block adds the rest).
+        let text: Vec<u32> = (0..29).map(|i| (i * 29 % 400 + 7) as u32).collect();
+        let mut context = text.clone();
+        context.extend_from_slice(&text[20..26]);
         let mut want = DraftTree::new();
         let mut sfx = SuffixDrafter::default();
         let mut out = DraftTree::new();
@@ -800,9 +813,17 @@ mod tests {
                 path.reverse();
                 assert_eq!(accepted_depth(&out, &path), path.len(), "budget {budget}");
             }
-            if free {
+            if free && want.num_drafts() < budget {
                 // Free rows: the block fills the budget.
                 assert_eq!(out.num_drafts(), budget, "budget {budget}");
+            }
+            if budget == 16 {
+                assert!(
+                    want.num_drafts() < budget,
+                    "{} suffix drafts",
+                    want.num_drafts()
+                );
+                assert!(out.num_drafts() > want.num_drafts());
             }
         }
     }

@@ -3,10 +3,10 @@
 //! what plain decoding emits, greedy and seeded, and it does propose drafts (a drafter that
 //! proposed nothing would pass the equality trivially). Its trees keep the drafter contract.
 //!
-//! The lossless runs tell the drafter that rows are free and never how long a pass takes, so
-//! that it cannot weigh its own work and drafts every round: the random drafter's
-//! probabilities are low, so against measured costs it may rightly propose nothing, and how
-//! much depends on the machine's timings. The back-off is tested the other way round: told that a pass takes a nanosecond,
+//! The lossless runs tell the drafter that rows are free and that a pass takes forever, so
+//! that its own work is free and it drafts every round: the random drafter's probabilities are
+//! low, so against measured costs it may rightly propose nothing, and how much depends on the
+//! machine's timings. The back-off is tested the other way round: told that a pass takes a nanosecond,
 //! any machine's drafting costs more than it can return.
 
 use std::path::PathBuf;
@@ -19,9 +19,9 @@ use yomi_engine::{Engine, EngineOptions, GenerateParams, Generation};
 use yomi_models::KvDtype;
 use yomi_spec::{DraftTree, Drafter};
 
-/// A drafter told that verifying rows costs nothing, whatever the engine measures, and never
-/// how long a pass takes (the engine's [`Drafter::set_pass_seconds`] stops here): it drafts its
-/// whole budget every round.
+/// A drafter told that verifying rows costs nothing, whatever the engine measures, and that a
+/// one-row pass takes `f64::MAX` seconds (its own work is then 0 passes, even in f32): it
+/// drafts its whole budget every round.
 struct FreeRows<'a>(&'a mut (dyn Drafter + 'static));
 
 impl Drafter for FreeRows<'_> {
@@ -29,6 +29,7 @@ impl Drafter for FreeRows<'_> {
         self.0.set_pass_costs(&[]);
         self.0.set_row_cost(0.0);
         self.0.set_row_cost_growth(0.0);
+        self.0.set_pass_seconds(f64::MAX);
         self.0.propose(context, budget, out)
     }
     fn observe(&mut self, accepted: usize, proposed: usize) {
@@ -165,9 +166,8 @@ fn dflash_backs_off_when_drafting_does_not_pay() {
     }
 }
 
-/// Where rows are free and the drafter cannot weigh its own work (no pass time), no round is
-/// skipped (the last pass, with room for no draft, asks for none) and every round computes the
-/// whole block's positions.
+/// Where rows and the drafter's own work are free, no round is skipped (the last pass, with
+/// room for no draft, asks for none) and every round computes the whole block's positions.
 #[test]
 fn dflash_drafts_every_round_when_it_is_free() {
     let e = engine(Some(DraftShape::Tree));
