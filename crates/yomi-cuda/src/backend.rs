@@ -257,7 +257,6 @@ pub struct RowBufs {
 pub struct DevRows {
     pub t: usize,
     pub chain: bool,
-    pub committed: usize,
     /// The rows continue a pending chain (the executor's segments of a long chain): the GDN
     /// cores start from its final state and last conv window, not from the committed ones.
     pub cont: bool,
@@ -296,6 +295,8 @@ struct Shared {
     /// chain, the compacted k, v, g, β and the replay's output.
     accepted: Option<CudaSlice<i32>>,
     accepted_host: Vec<usize>,
+    /// Host staging of the upload.
+    accepted_i32: Vec<i32>,
     chain_parents: Option<CudaSlice<i32>>,
     ck: Option<CudaSlice<f32>>,
     cv: Option<CudaSlice<f32>>,
@@ -452,10 +453,16 @@ impl Cuda {
         if sh.accepted.is_some() && sh.accepted_host == accepted {
             return Ok(());
         }
-        let idx: Vec<i32> = accepted.iter().map(|&a| a as i32).collect();
+        ensure!(
+            accepted.len() <= MAX_ROWS,
+            "{} accepted rows: a replayed commit takes at most {MAX_ROWS}",
+            accepted.len()
+        );
+        sh.accepted_i32.clear();
+        sh.accepted_i32.extend(accepted.iter().map(|&a| a as i32));
         let buf = grow(&self.dev, &self.epoch, &mut sh.accepted, MAX_ROWS)?;
         self.dev
-            .upload_into(&idx, &mut buf.slice_mut(0..idx.len()))?;
+            .upload_into(&sh.accepted_i32, &mut buf.slice_mut(0..accepted.len()))?;
         sh.accepted_host.clear();
         sh.accepted_host.extend_from_slice(accepted);
         Ok(())
@@ -545,7 +552,6 @@ impl Backend for Cuda {
             dev.upload_into(h, &mut b.slots.slice_mut(0..pieces))?;
             rows.t = t;
             rows.chain = chain;
-            rows.committed = committed;
             Ok(())
         });
     }
@@ -1020,12 +1026,12 @@ impl Backend for Cuda {
             let mut sh = self.shared.borrow_mut();
             let sh = &mut *sh;
             let gq = grow(&self.dev, &self.epoch, &mut sh.gdn_q, MAX_ROWS * kd)?;
-            let mc = if fused {
+            // The unfused path's conv output (`CudaOptions::fuse` false, for comparisons).
+            let mut mc = if fused {
                 None
             } else {
                 Some(grow(&self.dev, &self.epoch, &mut sh.gdn_mc, MAX_ROWS * c)?)
             };
-            let mut mc = mc;
             let mut ov = self.out(o, t * vd)?;
             let DevGdn {
                 s,
@@ -1058,54 +1064,18 @@ impl Backend for Cuda {
                 let conv_state: &CudaSlice<f32> = if cont { carry } else { conv };
                 let parents = parents_all.slice(0..n);
                 let (mut gout, mut bout) = (pg.slice_mut(0..n * hv), pb.slice_mut(0..n * hv));
-                if fused && bs == as_ {
-                    let gate = GdnGateArgs {
-                        braw: &bv,
-                        araw: &av,
-                        stride: bs,
-                        neg_exp_a: p.neg_exp_a,
-                        dt_bias: p.dt_bias,
-                        g: &mut gout,
-                        beta: &mut bout,
-                    };
-                    // Conv, q/k norms, v and g/β in one launch, bit-identical to the unfused
-                    // pair below; the conv output never goes to memory.
-                    self.dev.gdn_conv_split_qkv_gate(
-                        GdnConvArgs {
-                            m: &mv,
-                            m_stride: ms,
-                            kernel: kc,
-                            state: conv_state,
-                            w: p.conv,
-                            parents: &parents,
-                            windows: &mut pwin.slice_mut(0..n * wl),
-                        },
-                        n,
-                        hk,
-                        dk,
-                        vd,
-                        qscale,
-                        L2_EPS,
-                        &mut gq.slice_mut(0..n * kd),
-                        &mut pk.slice_mut(0..n * kd),
-                        &mut pv.slice_mut(0..n * vd),
-                        Some(gate),
-                    )?;
-                } else {
-                    ensure!(bs == as_, "b and a rows of different strides ({bs}, {as_})");
-                    let gate = GdnGateArgs {
-                        braw: &bv,
-                        araw: &av,
-                        stride: bs,
-                        neg_exp_a: p.neg_exp_a,
-                        dt_bias: p.dt_bias,
-                        g: &mut gout,
-                        beta: &mut bout,
-                    };
-                    let mcb = match mc.as_deref_mut() {
-                        Some(m) => m,
-                        None => bail!("the unfused GDN path without its conv buffer"),
-                    };
+                // Both kernels read b and a at one stride (a fused projection's or both packed).
+                ensure!(bs == as_, "b and a rows of different strides ({bs}, {as_})");
+                let gate = GdnGateArgs {
+                    braw: &bv,
+                    araw: &av,
+                    stride: bs,
+                    neg_exp_a: p.neg_exp_a,
+                    dt_bias: p.dt_bias,
+                    g: &mut gout,
+                    beta: &mut bout,
+                };
+                if let Some(mcb) = mc.as_deref_mut() {
                     self.dev.conv1d_tree_strided(
                         &mv,
                         c,
@@ -1120,6 +1090,30 @@ impl Backend for Cuda {
                     )?;
                     self.dev.gdn_split_qkv_gate(
                         &mcb.slice(0..n * c),
+                        n,
+                        hk,
+                        dk,
+                        vd,
+                        qscale,
+                        L2_EPS,
+                        &mut gq.slice_mut(0..n * kd),
+                        &mut pk.slice_mut(0..n * kd),
+                        &mut pv.slice_mut(0..n * vd),
+                        Some(gate),
+                    )?;
+                } else {
+                    // Conv, q/k norms, v and g/β in one launch, bit-identical to the unfused
+                    // pair above; the conv output never goes to memory.
+                    self.dev.gdn_conv_split_qkv_gate(
+                        GdnConvArgs {
+                            m: &mv,
+                            m_stride: ms,
+                            kernel: kc,
+                            state: conv_state,
+                            w: p.conv,
+                            parents: &parents,
+                            windows: &mut pwin.slice_mut(0..n * wl),
+                        },
                         n,
                         hk,
                         dk,
