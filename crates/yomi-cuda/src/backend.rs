@@ -193,7 +193,9 @@ pub struct DevGdn {
     pub pg: CudaSlice<f32>,
     pub pb: CudaSlice<f32>,
     pub pwin: CudaSlice<f32>,
-    /// Rows of the pending pass's last piece, and whether the pass had more than one.
+    /// Rows of the pending pass's last piece, and whether the pending chain has more than one
+    /// (a commit reads them). Set by the executor before each pass, not by the op: a replayed
+    /// CUDA graph runs no host code.
     pub pend_rows: usize,
     pub pend_multi: bool,
 }
@@ -1044,8 +1046,7 @@ impl Backend for Cuda {
                 pg,
                 pb,
                 pwin,
-                pend_rows,
-                pend_multi,
+                ..
             } = st;
             let parents_all = &rb.parents;
             let qscale = 1.0 / (dk as f32).sqrt();
@@ -1160,9 +1161,7 @@ impl Backend for Cuda {
                         .gdn_tree_verify(shape, n, &gr, &parents, fin, &mut op, Some(spare))?;
                     self.dev.copy(spare, fin)?;
                 }
-                *pend_rows = n;
             }
-            *pend_multi = t > MAX_ROWS || rows.cont;
             Ok(())
         });
     }
