@@ -303,6 +303,7 @@ fn undo_gdn_cols(m: Matrix, h: &GdnHeads, g: &str) -> Result<Matrix> {
                     rows,
                     cols,
                     data: WeightData::Quant(q),
+                    rotation: None,
                 };
                 WeightData::F32(permute(&dequantize(&whole), dv, &heads))
             }

@@ -4,10 +4,12 @@
 //! turns these into its own layout (the CPU's packed groups, CUDA's device planes) and may
 //! keep that layout inside a [`Matrix`] through [`WeightData::Repacked`].
 
+pub mod hadamard;
 pub mod matrix;
 pub mod quant;
 pub mod rope;
 
+pub use hadamard::Rotation;
 pub use matrix::{Matrix, RepackedLayout, WeightData};
-pub use quant::{QuantData, QuantShapeError, QuantType};
+pub use quant::{QuantData, QuantShapeError, QuantType, YomiFormat, YomiMatrix};
 pub use rope::{Llama3Scaling, Rope, RopeScaling};

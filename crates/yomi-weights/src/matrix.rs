@@ -6,6 +6,7 @@ use std::any::Any;
 use std::fmt::Debug;
 use std::sync::Arc;
 
+use crate::hadamard::Rotation;
 use crate::quant::{QuantData, QuantShapeError, QuantType, dequantize_row};
 
 /// GGML blocks regrouped by a backend for its kernels (the CPU's 16-row interleaved groups),
@@ -53,11 +54,16 @@ impl WeightData {
 }
 
 /// A [rows, cols] weight matrix (rows = output features, cols = input features).
+///
+/// With a `rotation` (yomi's quantized formats, [`crate::hadamard`]) the stored rows are
+/// those of `W Rᵀ`: the product with an input `x` is `data · (R x)`, so a backend rotates the
+/// input before multiplying, and [`Matrix::row_f32`] gives the stored (rotated) row.
 #[derive(Clone, Debug)]
 pub struct Matrix {
     pub rows: usize,
     pub cols: usize,
     pub data: WeightData,
+    pub rotation: Option<Rotation>,
 }
 
 impl Matrix {
@@ -80,7 +86,24 @@ impl Matrix {
             }
         };
         assert_eq!(n, rows * cols, "matrix data does not match its shape");
-        Matrix { rows, cols, data }
+        Matrix {
+            rows,
+            cols,
+            data,
+            rotation: None,
+        }
+    }
+
+    /// The same matrix whose stored rows are `R w` for the rotation `r` of its input side
+    /// (`r.width()` must be `cols`).
+    pub fn with_rotation(mut self, r: Rotation) -> Self {
+        assert_eq!(
+            r.width(),
+            self.cols,
+            "rotation width is not the matrix's columns"
+        );
+        self.rotation = Some(r);
+        self
     }
 
     /// A block-quantized matrix, checking that `bytes` hold exactly [rows, cols] of `ty`
@@ -97,6 +120,7 @@ impl Matrix {
             rows,
             cols,
             data: WeightData::Quant(q),
+            rotation: None,
         })
     }
 

@@ -7,10 +7,12 @@
 pub mod formats;
 #[cfg(test)]
 mod tests;
+pub mod yomi;
 
 use std::fmt;
 
 pub use formats::{QK, QK_K, dequantize_row, quantize_row};
+pub use yomi::{YomiFormat, YomiMatrix};
 
 /// A GGML block-quantized tensor type.
 #[allow(non_camel_case_types)]
