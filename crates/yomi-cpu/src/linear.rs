@@ -15,12 +15,13 @@
 
 use std::cell::RefCell;
 
-use yomi_weights::{Matrix, WeightData};
+use yomi_weights::{Matrix, Rotation, WeightData};
 
 use crate::quant::{self, PackedQuant, packed::packed_of};
 use crate::simd;
 
 thread_local! {
+    static ROTATED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     static ROW_BUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     static OUT_T: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
@@ -28,8 +29,53 @@ thread_local! {
 /// Output rows per rayon task: big enough to amortise scheduling, small enough to balance.
 const ROWS_PER_TASK: usize = 16;
 
-/// out[T, rows] = x[T, cols] · Wᵀ (+ bias).
+/// out[T, rows] = x[T, cols] · Wᵀ (+ bias); a matrix stored rotated ([`Matrix::rotation`])
+/// multiplies the rotated input.
 pub fn linear(x: &[f32], t: usize, w: &Matrix, bias: Option<&[f32]>, out: &mut [f32]) {
+    match &w.rotation {
+        Some(r) => with_rotated(x, r, |x| linear_plain(x, t, w, bias, out)),
+        None => linear_plain(x, t, w, bias, out),
+    }
+}
+
+/// Runs `f` on a copy of `x` ([T, width] rows) rotated by `r`. The copy lives in a per-thread
+/// buffer taken out for the call, so a nested call would allocate rather than fail.
+fn with_rotated<R>(x: &[f32], r: &Rotation, f: impl FnOnce(&[f32]) -> R) -> R {
+    let mut buf = ROTATED.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    buf.clear();
+    buf.extend_from_slice(x);
+    r.apply(&mut buf);
+    let result = f(&buf);
+    ROTATED.with(|b| *b.borrow_mut() = buf);
+    result
+}
+
+/// How the inputs of several matrices of one input are rotated.
+enum SharedRotation<'a> {
+    /// No matrix is rotated.
+    None,
+    /// Every matrix has this rotation: the input turns once for all.
+    All(&'a Rotation),
+    /// Some differ: each matrix rotates its own copy.
+    Mixed,
+}
+
+fn shared_rotation<'a>(ws: &[&'a Matrix]) -> SharedRotation<'a> {
+    match ws.first().and_then(|w| w.rotation.as_ref()) {
+        None if ws.iter().all(|w| w.rotation.is_none()) => SharedRotation::None,
+        Some(r)
+            if ws
+                .iter()
+                .all(|w| w.rotation.as_ref().is_some_and(|o| o.same_as(r))) =>
+        {
+            SharedRotation::All(r)
+        }
+        _ => SharedRotation::Mixed,
+    }
+}
+
+/// [`linear`] of an input already rotated as the matrix needs (or of a matrix without one).
+fn linear_plain(x: &[f32], t: usize, w: &Matrix, bias: Option<&[f32]>, out: &mut [f32]) {
     let (n_out, n_in) = (w.rows, w.cols);
     assert_eq!(x.len(), t * n_in, "linear: input is not [T, in]");
     assert_eq!(out.len(), t * n_out, "linear: output is not [T, out]");
@@ -91,8 +137,9 @@ pub fn linear_swiglu(
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    // One row is one chunk of the shared quantizer: nothing to spread, so the plain steps.
-    let (true, Some(p)) = (t > 1, packed_of(w)) else {
+    // One row is one chunk of the shared quantizer: nothing to spread, so the plain steps;
+    // likewise when the input must be rotated between the two steps.
+    let (true, Some(p), None) = (t > 1, packed_of(w), &w.rotation) else {
         crate::activation::swiglu(gate, up);
         linear(gate, t, w, bias, out);
         return;
@@ -127,9 +174,28 @@ pub fn linear_many(
     outs: &mut [&mut [f32]],
 ) {
     check_many(x.len(), t, ws, biases, outs);
+    match shared_rotation(ws) {
+        SharedRotation::None => linear_many_plain(x, t, ws, biases, outs),
+        SharedRotation::All(r) => with_rotated(x, r, |x| linear_many_plain(x, t, ws, biases, outs)),
+        SharedRotation::Mixed => {
+            for ((w, b), o) in ws.iter().zip(biases).zip(outs.iter_mut()) {
+                linear(x, t, w, *b, o);
+            }
+        }
+    }
+}
+
+/// [`linear_many`] of an input already rotated as every matrix needs.
+fn linear_many_plain(
+    x: &[f32],
+    t: usize,
+    ws: &[&Matrix],
+    biases: &[Option<&[f32]>],
+    outs: &mut [&mut [f32]],
+) {
     let Some(packed) = packed_set(ws) else {
         for ((w, b), o) in ws.iter().zip(biases).zip(outs.iter_mut()) {
-            linear(x, t, w, *b, o);
+            linear_plain(x, t, w, *b, o);
         }
         return;
     };
@@ -152,8 +218,10 @@ pub fn linear_many_add_norm(
     outs: &mut [&mut [f32]],
 ) {
     check_many(input.x.len(), t, ws, biases, outs);
-    // One row is one chunk of the shared quantizer: nothing to spread, so the serial steps.
-    let (true, Some(packed)) = (t > 1, packed_set(ws)) else {
+    // One row is one chunk of the shared quantizer: nothing to spread, so the serial steps;
+    // likewise when the normed rows must be rotated before the products.
+    let rotated = ws.iter().any(|w| w.rotation.is_some());
+    let (true, Some(packed), false) = (t > 1, packed_set(ws), rotated) else {
         let mut input = input;
         input.run_serial();
         linear_many(input.x, t, ws, biases, outs);
@@ -211,9 +279,15 @@ fn add_biases(ws: &[&Matrix], biases: &[Option<&[f32]>], outs: &mut [&mut [f32]]
     }
 }
 
-/// Reference twin of [`linear`]: plain loops, f64 accumulation.
+/// Reference twin of [`linear`]: plain loops, f64 accumulation (the input rotated first when
+/// the matrix is stored rotated).
 pub fn linear_reference(x: &[f32], t: usize, w: &Matrix, bias: Option<&[f32]>, out: &mut [f32]) {
     let (n_out, n_in) = (w.rows, w.cols);
+    let mut rotated = x.to_vec();
+    if let Some(r) = &w.rotation {
+        r.apply(&mut rotated);
+    }
+    let x = &rotated[..];
     let mut buf = vec![0.0f32; n_in];
     for r in 0..n_out {
         let wr = w.row_f32(r, &mut buf).to_vec();
@@ -479,6 +553,84 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Rotated matrices (yomi's formats) through the fused entry points: q/k/v sharing one
+    /// rotation, a set with an unrotated or a differently rotated matrix, the SwiGLU down
+    /// projection and the add+norm variant each give bitwise their plain [`linear`]s (which
+    /// rotate the input themselves), at T = 1 and T = 9.
+    #[test]
+    fn rotated_matrices_through_every_entry_point() {
+        use yomi_weights::Rotation;
+        let cols = 576;
+        let rot = Rotation::from_seed(1, cols);
+        let rotated =
+            |rows, seed| packed(QuantType::Q4_1, rows, cols, seed).with_rotation(rot.clone());
+        let qkv = [rotated(576, 1), rotated(192, 2), rotated(192, 3)];
+        let mixed = [
+            rotated(64, 4),
+            packed(QuantType::Q4_1, 32, cols, 5),
+            packed(QuantType::Q8_0, 32, cols, 6).with_rotation(Rotation::from_seed(2, cols)),
+        ];
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for t in [1, 9] {
+            let x = rand_vec(t * cols, 40 + t as u64);
+            for set in [&qkv[..], &mixed[..]] {
+                let refs: Vec<&Matrix> = set.iter().collect();
+                let biases = vec![None; set.len()];
+                let want: Vec<Vec<f32>> = set
+                    .iter()
+                    .map(|w| {
+                        let mut o = vec![0.0; t * w.rows];
+                        linear(&x, t, w, None, &mut o);
+                        o
+                    })
+                    .collect();
+                let mut got: Vec<Vec<f32>> =
+                    set.iter().map(|w| vec![f32::NAN; t * w.rows]).collect();
+                let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|o| &mut o[..]).collect();
+                linear_many(&x, t, &refs, &biases, &mut outs);
+                for (g, w) in got.iter().zip(&want) {
+                    assert_eq!(bits(g), bits(w), "linear_many T {t}");
+                }
+                // The add+norm variant: serial steps, then the rotated products.
+                let weight: Vec<f32> = rand_vec(cols, 9).iter().map(|v| 1.0 + v).collect();
+                let mut h = x.clone();
+                let mut xn = vec![f32::NAN; t * cols];
+                let mut got: Vec<Vec<f32>> =
+                    set.iter().map(|w| vec![f32::NAN; t * w.rows]).collect();
+                let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|o| &mut o[..]).collect();
+                let input = quant::AddNorm {
+                    h: &mut h,
+                    add: None,
+                    weight: &weight,
+                    eps: 1e-5,
+                    x: &mut xn,
+                };
+                linear_many_add_norm(input, t, &refs, &biases, &mut outs);
+                let mut normed = vec![0.0; t * cols];
+                crate::norm::rms_norm(&x, &weight, 1e-5, &mut normed);
+                assert_eq!(bits(&xn), bits(&normed), "add+norm rows T {t}");
+                for (g, w) in got.iter().zip(set) {
+                    let mut o = vec![0.0; t * w.rows];
+                    linear(&normed, t, w, None, &mut o);
+                    assert_eq!(bits(g), bits(&o), "linear_many_add_norm T {t}");
+                }
+            }
+            // SwiGLU down projection of a rotated matrix.
+            let down =
+                packed(QuantType::Q4_1, 576, 1536, 7).with_rotation(Rotation::from_seed(1, 1536));
+            let gate = rand_vec(t * 1536, 11);
+            let up = rand_vec(t * 1536, 12);
+            let mut want_gate = gate.clone();
+            crate::activation::swiglu(&mut want_gate, &up);
+            let mut want = vec![0.0; t * 576];
+            linear(&want_gate, t, &down, None, &mut want);
+            let mut got_gate = gate.clone();
+            let mut got = vec![f32::NAN; t * 576];
+            linear_swiglu(&mut got_gate, &up, t, &down, None, &mut got);
+            assert_eq!(bits(&got), bits(&want), "linear_swiglu T {t}");
         }
     }
 

@@ -1312,3 +1312,62 @@ proptest! {
         }
     }
 }
+
+/// Matrices stored rotated (yomi's M and L formats with the block-32 Hadamard rotation, run as
+/// Q4_1 and Q8_0 blocks): [`linear`] on the packed matrix rotates the input and multiplies,
+/// against the reference twin (which rotates its own copy and accumulates in f64), within the
+/// activation-rounding bound of the *rotated* input, at SmolLM2's shapes and a 4096-wide one.
+#[test]
+fn rotated_matrices_at_real_shapes() {
+    use yomi_weights::{Rotation, YomiFormat, YomiMatrix};
+    let cases: &[(YomiFormat, usize, usize, usize, &[usize])] = &[
+        (YomiFormat::M, 32, 576, 576, &[1, 5, 16]),
+        (YomiFormat::M, 64, 576, 1536, &[1, 16]),
+        (YomiFormat::M, 128, 576, 1536, &[1, 3]),
+        (YomiFormat::L, 32, 1536, 576, &[1, 9]),
+        (YomiFormat::M, 64, 256, 4096, &[1, 2]),
+    ];
+    for (ci, &(fmt, group, rows, cols, ts)) in cases.iter().enumerate() {
+        let mut rng = Rng(700 + ci as u64);
+        let rot = Rotation::from_seed(ci as u64, cols);
+        let mut wf = rng.vec(rows * cols);
+        rot.apply(&mut wf);
+        let q = YomiMatrix::quantize(fmt, group, rows, cols, &wf).to_ggml();
+        let w = Matrix::new(rows, cols, WeightData::Quant(q.clone())).with_rotation(rot.clone());
+        let p = PackedQuant::from_ggml(&q, rows, cols).expect("packable");
+        let wp =
+            Matrix::new(rows, cols, WeightData::Repacked(Arc::new(p))).with_rotation(rot.clone());
+        for &t in ts {
+            let x = random_acts(t * cols, &mut rng);
+            let mut xr = x.clone();
+            rot.apply(&mut xr);
+            let mut want = vec![0.0; t * rows];
+            linear_reference(&x, t, &w, None, &mut want);
+            for m in [&w, &wp] {
+                let mut got = vec![0.0; t * rows];
+                linear(&x, t, m, None, &mut got);
+                let mut buf = vec![0.0; cols];
+                for r in 0..rows {
+                    let wr = w.row_f32(r, &mut buf).to_vec();
+                    for ti in 0..t {
+                        let i = ti * rows + r;
+                        let xrow = &xr[ti * cols..(ti + 1) * cols];
+                        // The bound of the activation rounding, plus the f32 rounding of the
+                        // rotation itself (five butterfly stages: ~1e-6 of |x|·|w|).
+                        let norm: f64 =
+                            wr.iter().zip(xrow).map(|(a, b)| (a * b).abs() as f64).sum();
+                        let tol = act_bound(&wr, xrow, 32, Precision::current())
+                            + 1.2e-7 * want[i].abs() as f64
+                            + 2e-6 * norm;
+                        assert!(
+                            ((got[i] - want[i]) as f64).abs() <= tol,
+                            "{fmt} g{group} [{rows}x{cols}] t {t}: row {r} step {ti}: {} vs {} (tol {tol})",
+                            got[i],
+                            want[i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
