@@ -25,6 +25,15 @@ pub struct PerplexityArgs {
     /// Stop after this many windows (default: the whole file).
     #[arg(long, value_name = "N")]
     pub max_windows: Option<usize>,
+    /// Start at this window (skip the text's first N windows), e.g. to keep a tuning part and
+    /// an evaluation part of one file apart.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub skip_windows: usize,
+    /// Also run this model (e.g. the unquantized source) on the same windows and report the
+    /// KL divergence of the next-token distributions from it, top-1 agreement and its own
+    /// perplexity. Loaded with the same options (device, context, K/V cache).
+    #[arg(long, value_name = "MODEL")]
+    pub kl_reference: Option<PathBuf>,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -41,7 +50,24 @@ pub fn run(a: PerplexityArgs, settings: &Settings) -> Result<()> {
         model.ctx_size = Some(a.window);
     }
     let engine = load_engine(&model, settings)?;
+    let reference = match &a.kl_reference {
+        Some(r) => {
+            let mut rm = model.clone();
+            rm.model = r.clone();
+            Some(load_engine(&rm, settings).context("loading the --kl-reference model")?)
+        }
+        None => None,
+    };
     let mut ids = engine.tokenizer.encode(&text, true)?;
+    let skip = a.skip_windows.saturating_mul(a.window);
+    if skip >= ids.len() {
+        bail!(
+            "--skip-windows {} skips the whole text ({} tokens)",
+            a.skip_windows,
+            ids.len()
+        );
+    }
+    ids.drain(..skip);
     if let Some(m) = a.max_windows {
         ids.truncate(m.saturating_mul(a.window));
     }
@@ -51,10 +77,16 @@ pub fn run(a: PerplexityArgs, settings: &Settings) -> Result<()> {
         ProgressStyle::with_template("perplexity [{bar:30}] {pos}/{len} windows  {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let r = engine.perplexity(&ids, a.window, score_from, &mut |done, _, ppl| {
-        bar.set_position(done as u64);
-        bar.set_message(format!("PPL {ppl:.4}"));
-    })?;
+    let r = engine.perplexity(
+        &ids,
+        a.window,
+        score_from,
+        reference.as_ref(),
+        &mut |done, _, ppl| {
+            bar.set_position(done as u64);
+            bar.set_message(format!("PPL {ppl:.4}"));
+        },
+    )?;
     bar.finish_and_clear();
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
@@ -63,6 +95,18 @@ pub fn run(a: PerplexityArgs, settings: &Settings) -> Result<()> {
             "perplexity: {:.4} (mean NLL {:.5} ± {:.5}, {} tokens scored in {} windows of {})",
             r.perplexity, r.mean_nll, r.nll_stderr, r.scored_tokens, r.windows, a.window
         );
+        if let Some(k) = &r.kl {
+            println!(
+                "KL from the reference: mean {:.6} ± {:.6} nats (p99 {:.5}, max {:.4}); top-1 \
+                 agreement {:.2}%; reference perplexity {:.4}",
+                k.mean_kl,
+                k.kl_stderr,
+                k.p99_kl,
+                k.max_kl,
+                100.0 * k.top1_agreement,
+                k.reference_perplexity
+            );
+        }
     }
     Ok(())
 }

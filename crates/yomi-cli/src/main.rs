@@ -5,6 +5,7 @@ mod cmd_chat;
 mod cmd_logits;
 mod cmd_perplexity;
 mod cmd_pull;
+mod cmd_quantize;
 mod cmd_run;
 mod cmd_serve;
 mod common;
@@ -59,6 +60,9 @@ enum Command {
     /// Download a model from the Hugging Face hub (HF_ENDPOINT) into the local Hugging Face
     /// cache, where `--model hf:ORG/NAME` finds it: `yomi pull ORG/NAME[:FILE.gguf]`.
     Pull(cmd_pull::PullArgs),
+    /// Convert a Hugging Face model into yomi's 4-bit (m) or 8-bit (l) format, with the
+    /// Hadamard rotation that spreads outliers: `yomi quantize --model DIR --format m --out DIR2`.
+    Quantize(cmd_quantize::QuantizeArgs),
 }
 
 fn main() -> ExitCode {
@@ -74,6 +78,7 @@ fn main() -> ExitCode {
             Command::Serve(a) => cmd_serve::run(a, &s),
             Command::Bench(a) => cmd_bench::run(a, &s),
             Command::Pull(a) => cmd_pull::run(a, &s),
+            Command::Quantize(a) => cmd_quantize::run(a, &s),
         }
     });
     match result {

@@ -205,6 +205,35 @@ fn suffix_drafting_is_lossless_with_an_f32_kv_cache() {
     suffix_is_lossless(e, "llama-tiny, f32 K/V");
 }
 
+/// On a model in yomi's own 4-bit format with the Hadamard rotation (`yomi quantize --format m
+/// --group 32` of the qwen35-tiny fixture, the LM head in L): the rotated int8-activation
+/// products of a verify pass give each row what a one-row pass gives.
+#[test]
+fn suffix_drafting_is_lossless_on_a_quantized_qwen35_tiny() {
+    use yomi_models::quantize::{QuantizeOptions, quantize_dir};
+    use yomi_weights::YomiFormat;
+    let out = std::env::temp_dir().join(format!("yomi-lossless-m-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let opts = QuantizeOptions {
+        format: YomiFormat::M,
+        group: 32,
+        rotation: true,
+        seed: 1,
+        embedding: Some(YomiFormat::L),
+        lm_head: Some(YomiFormat::L),
+    };
+    let report = quantize_dir(&shared_fixture("qwen35-tiny"), &out, &opts, &mut |_, _| {})
+        .expect("quantize the fixture");
+    assert!(report.matrices > 0 && report.kept.iter().all(|(n, _)| n.contains("in_proj_")));
+    let e = engine(out.clone(), 1024);
+    assert!(
+        e.model.layers[0].mlp.down.rotation.is_some(),
+        "the quantized fixture runs rotated"
+    );
+    suffix_is_lossless(e, "qwen35-tiny in M g32, rotated");
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
 #[test]
 fn suffix_drafting_is_lossless_on_llama_tiny() {
     let seen = suffix_is_lossless(engine(test_data("llama-tiny"), 1024), "llama-tiny");

@@ -250,10 +250,14 @@ fn perplexity_matches_transformers_nll() {
     let ids: Vec<u32> = r.ints("ids").iter().map(|&x| x as u32).collect();
     let want = r.json["teacher_forced_mean_nll"].as_f64().unwrap();
     let mut e = engine();
-    let fast = e.perplexity(&ids, ids.len(), 0, &mut |_, _, _| {}).unwrap();
+    let fast = e
+        .perplexity(&ids, ids.len(), 0, None, &mut |_, _, _| {})
+        .unwrap();
     e.model.dequantize_to_f32();
     e.model.kv_dtype = yomi_models::KvDtype::F32;
-    let exact = e.perplexity(&ids, ids.len(), 0, &mut |_, _, _| {}).unwrap();
+    let exact = e
+        .perplexity(&ids, ids.len(), 0, None, &mut |_, _, _| {})
+        .unwrap();
     eprintln!(
         "mean NLL: transformers {want:.5}, yomi f32 {:.5}, yomi int8 {:.5}",
         exact.mean_nll, fast.mean_nll

@@ -226,6 +226,18 @@ impl ModelConfig {
     }
 
     pub fn from_hf_json(v: &Value) -> Result<Self> {
+        if let Some(q) = v.get("quantization_config") {
+            let method = q
+                .get("quant_method")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown");
+            if method != crate::quantize::QUANT_METHOD {
+                bail!(
+                    "the weights are quantized with `{method}`, which yomi does not read; use \
+                     the unquantized checkpoint (or `yomi quantize` it), or a GGUF file"
+                );
+            }
+        }
         let archs: Vec<&str> = v
             .get("architectures")
             .and_then(Value::as_array)

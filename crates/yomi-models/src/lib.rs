@@ -9,6 +9,7 @@ pub mod gguf;
 pub mod gguf_source;
 pub mod loader;
 pub mod model;
+pub mod quantize;
 pub mod safetensors_dir;
 pub mod source;
 pub mod state;

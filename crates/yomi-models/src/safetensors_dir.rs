@@ -1,6 +1,12 @@
 //! Hugging Face safetensors directories: one file or shards with `model.safetensors.index.json`,
 //! memory-mapped. Names are normalised (`model.language_model.` → `model.`); the vision tower
 //! (`model.visual.*`) and the MTP block (`mtp.*`) are skipped.
+//!
+//! Directories written by `yomi quantize` hold a quantized matrix `X.weight` as `X.qweight`,
+//! `X.scales` (and for M `X.mins`), with `X.hadamard_signs` when its input side is rotated
+//! ([`yomi_weights::quant::yomi`] gives the layout): [`WeightSource::matrix`] reads them back
+//! as the GGML blocks the kernels run, carrying the rotation. Rotations with equal signs are
+//! shared, so a backend sees that q, k and v turn their common input the same way.
 
 use anyhow::{Context, Result, anyhow, bail};
 use memmap2::Mmap;
@@ -8,7 +14,8 @@ use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use yomi_weights::{Matrix, WeightData};
+use std::sync::Mutex;
+use yomi_weights::{Matrix, Rotation, WeightData, YomiFormat, YomiMatrix};
 
 use crate::source::WeightSource;
 
@@ -26,6 +33,8 @@ pub struct SafetensorsDir {
     /// Offset of the data section in each file.
     data_start: Vec<usize>,
     tensors: HashMap<String, Entry>,
+    /// The distinct rotations read so far (matrices with equal signs share one).
+    rotations: Mutex<Vec<Rotation>>,
 }
 
 /// HF name → the name model code asks for, or None for tensors a text model skips.
@@ -82,6 +91,7 @@ impl SafetensorsDir {
             files: Vec::new(),
             data_start: Vec::new(),
             tensors: HashMap::new(),
+            rotations: Mutex::new(Vec::new()),
         };
         for path in files {
             let f = File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
@@ -171,6 +181,111 @@ impl SafetensorsDir {
     pub fn file_paths(&self) -> &[PathBuf] {
         &self.files
     }
+
+    /// The stem of a quantized matrix (`X` of `X.weight`) when the directory holds it in yomi's
+    /// format.
+    fn quantized_stem<'a>(&self, name: &'a str) -> Option<&'a str> {
+        let stem = name.strip_suffix(".weight")?;
+        self.tensors
+            .contains_key(&format!("{stem}.qweight"))
+            .then_some(stem)
+    }
+
+    /// Reads the parts of a quantized [rows, cols] matrix (see the module header).
+    fn quantized_matrix(&self, stem: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        let part = |suffix: &str| -> Result<&Entry> {
+            let n = format!("{stem}.{suffix}");
+            self.tensors
+                .get(&n)
+                .ok_or_else(|| anyhow!("quantized weight `{stem}` has no `{n}`"))
+        };
+        let q = part("qweight")?;
+        let format = match q.dtype {
+            Dtype::U8 => YomiFormat::M,
+            Dtype::I8 => YomiFormat::L,
+            other => bail!("`{stem}.qweight` has dtype {other:?}; expected U8 (M) or I8 (L)"),
+        };
+        let packed_cols = cols * format.bits() / 8;
+        if q.shape != [rows, packed_cols] {
+            bail!(
+                "`{stem}.qweight` has shape {:?}, expected [{rows}, {packed_cols}] for a {format} \
+                 matrix of [{rows}, {cols}]",
+                q.shape
+            );
+        }
+        let f16s = |e: &Entry, what: &str| -> Result<Vec<u16>> {
+            if e.dtype != Dtype::F16 || e.shape.len() != 2 || e.shape[0] != rows {
+                bail!(
+                    "`{stem}.{what}` is {:?} {:?}; expected F16 [{rows}, groups]",
+                    e.dtype,
+                    e.shape
+                );
+            }
+            Ok(self
+                .bytes(e)
+                .chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect())
+        };
+        let s = part("scales")?;
+        let scales = f16s(s, "scales")?;
+        let groups = s.shape[1];
+        if groups == 0 || !cols.is_multiple_of(groups) {
+            bail!(
+                "`{stem}.scales` has {groups} groups per row, which do not divide {cols} columns"
+            );
+        }
+        let mins = match format {
+            YomiFormat::M => {
+                let m = part("mins")?;
+                if m.shape != s.shape {
+                    bail!(
+                        "`{stem}.mins` has shape {:?}, unlike its scales {:?}",
+                        m.shape,
+                        s.shape
+                    );
+                }
+                f16s(m, "mins")?
+            }
+            YomiFormat::L => Vec::new(),
+        };
+        let ym = YomiMatrix::from_parts(
+            format,
+            cols / groups,
+            rows,
+            cols,
+            self.bytes(q).to_vec(),
+            scales,
+            mins,
+        )
+        .map_err(|e| anyhow!("quantized weight `{stem}`: {e}"))?;
+        let g = ym.to_ggml();
+        let m = Matrix::quantized(rows, cols, g.ty, g.bytes)
+            .map_err(|e| anyhow!("quantized weight `{stem}`: {e}"))?;
+        let signs_name = format!("{stem}.hadamard_signs");
+        let Some(e) = self.tensors.get(&signs_name) else {
+            return Ok(m);
+        };
+        if e.dtype != Dtype::I8 || e.shape != [cols] {
+            bail!(
+                "`{signs_name}` is {:?} {:?}; expected I8 [{cols}]",
+                e.dtype,
+                e.shape
+            );
+        }
+        let signs: Vec<i8> = self.bytes(e).iter().map(|&b| b as i8).collect();
+        let r = Rotation::from_signs(&signs)
+            .ok_or_else(|| anyhow!("`{signs_name}` holds values other than -1 and +1"))?;
+        let mut seen = self.rotations.lock().unwrap_or_else(|p| p.into_inner());
+        let r = match seen.iter().find(|o| o.same_as(&r)) {
+            Some(o) => o.clone(),
+            None => {
+                seen.push(r.clone());
+                r
+            }
+        };
+        Ok(m.with_rotation(r))
+    }
 }
 
 impl WeightSource for SafetensorsDir {
@@ -181,10 +296,13 @@ impl WeightSource for SafetensorsDir {
     }
 
     fn has(&self, name: &str) -> bool {
-        self.tensors.contains_key(name)
+        self.tensors.contains_key(name) || self.quantized_stem(name).is_some()
     }
 
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        if let Some(stem) = self.quantized_stem(name) {
+            return self.quantized_matrix(stem, rows, cols);
+        }
         let e = self.entry(name, &[rows, cols])?;
         let b = self.bytes(e);
         let u16s = || {

@@ -170,3 +170,165 @@ fn greedy_decode_matches_transformers() {
     eprintln!("greedy: max abs diff vs transformers {e:.2e}");
     assert!(e < TOL, "greedy logits differ by {e}");
 }
+
+/// Mean over rows of KL(p ‖ q) between two [rows, V] logit sets (nats, f64), and the share of
+/// rows whose argmax agrees.
+fn kl_rows(p: &[f32], q: &[f32], v: usize) -> (f64, f64) {
+    let (mut kl, mut agree) = (0.0f64, 0usize);
+    let rows = p.len() / v;
+    for (a, b) in p.chunks(v).zip(q.chunks(v)) {
+        let lse = |l: &[f32]| {
+            let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+            l.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln() + m
+        };
+        let (za, zb) = (lse(a), lse(b));
+        kl += a
+            .iter()
+            .zip(b)
+            .map(|(&x, &y)| {
+                let lp = x as f64 - za;
+                lp.exp() * (lp - (y as f64 - zb))
+            })
+            .sum::<f64>();
+        agree += usize::from(argmax(a) == argmax(b));
+    }
+    (kl / rows as f64, agree as f64 / rows as f64)
+}
+
+/// `yomi quantize` on the real hybrid, loaded back: the prompt's logits through each format
+/// against the bf16 source's, as mean KL and top-1 agreement over the 48 rows. Bounds sit ~3×
+/// above what was measured on the dev VM (M g64 rotated: KL 0.0073, top-1 46/48; M g64
+/// unrotated 0.0056, 46/48; L g32 rotated 5.9e-5, 47/48), far below what a broken layout or a
+/// rotation applied on one side only gives (KL ≫ 1, top-1 near 0).
+#[test]
+fn quantized_formats_track_the_source() {
+    use yomi_models::quantize::{QuantizeOptions, quantize_dir};
+    use yomi_weights::YomiFormat;
+    let m = model();
+    let r = reference();
+    let prompt = r.ids("prompt_ids");
+    let v = m.cfg.vocab_size;
+    let run = |model: &Model| {
+        let mut st = State::new(&model.cfg, 256, KvDtype::F32);
+        let mut logits = Vec::new();
+        let chain = TreeBatch::chain(prompt.len());
+        model
+            .forward(&mut st, &prompt, &chain, LogitRows::All, &mut logits)
+            .unwrap();
+        logits
+    };
+    let want = run(m);
+    let cases = [
+        (YomiFormat::M, 64, true, 0.02, 0.9),
+        (YomiFormat::M, 64, false, 0.02, 0.9),
+        (YomiFormat::L, 32, true, 2e-4, 0.93),
+    ];
+    for (format, group, rotation, max_kl, min_top1) in cases {
+        let out = std::env::temp_dir().join(format!(
+            "yomi-quantize-test-{}-{format}{group}{rotation}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&out);
+        let opts = QuantizeOptions {
+            format,
+            group,
+            rotation,
+            seed: 0,
+            embedding: Some(YomiFormat::L),
+            lm_head: Some(YomiFormat::L),
+        };
+        let report = quantize_dir(&model_dir(), &out, &opts, &mut |_, _| {}).unwrap();
+        let q = load(&out);
+        std::fs::remove_dir_all(&out).unwrap();
+        assert_eq!(
+            q.layers[0].mlp.up.rotation.is_some(),
+            rotation,
+            "rotation flag read back"
+        );
+        assert!(q.embed.rotation.is_none(), "the embedding is never rotated");
+        let (kl, top1) = kl_rows(&want, &run(&q), v);
+        eprintln!(
+            "{format} g{group} rotation {rotation}: {} matrices at {:.3} bpw, KL {kl:.6}, top-1 {:.1}%",
+            report.matrices,
+            report.quantized_bpw(),
+            100.0 * top1
+        );
+        assert!(
+            kl <= max_kl && top1 >= min_top1,
+            "{format} g{group} rot {rotation}: KL {kl}, top-1 {top1}"
+        );
+    }
+}
+
+/// Bad input to `yomi quantize` is a one-line error and leaves nothing behind: an existing
+/// output, a source that is not a model, an already quantized source, a truncated shard.
+#[test]
+fn quantize_refuses_bad_input_and_leaves_nothing() {
+    use yomi_models::quantize::{QuantizeOptions, quantize_dir};
+    use yomi_weights::YomiFormat;
+    let _ = model(); // the shards restored
+    let opts = QuantizeOptions {
+        format: YomiFormat::M,
+        group: 64,
+        rotation: true,
+        seed: 0,
+        embedding: Some(YomiFormat::L),
+        lm_head: Some(YomiFormat::L),
+    };
+    let base = std::env::temp_dir().join(format!("yomi-quantize-bad-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base).unwrap();
+    let left = |name: &str| {
+        std::fs::read_dir(&base)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(name))
+            .collect::<Vec<_>>()
+    };
+    let go = |src: &std::path::Path, out: &std::path::Path| {
+        quantize_dir(src, out, &opts, &mut |_, _| {}).map(|_| ())
+    };
+    // The output exists.
+    let existing = base.join("exists");
+    std::fs::create_dir_all(&existing).unwrap();
+    let e = go(&model_dir(), &existing).unwrap_err();
+    assert!(format!("{e}").contains("already exists"), "{e}");
+    // Not a model; a bad group size.
+    assert!(go(&base.join("nowhere"), &base.join("o1")).is_err());
+    let bad_group = QuantizeOptions {
+        group: 48,
+        ..opts.clone()
+    };
+    assert!(quantize_dir(&model_dir(), &base.join("o2"), &bad_group, &mut |_, _| {}).is_err());
+    // A truncated shard: config and index copied, one shard cut short.
+    let src = base.join("truncated-src");
+    std::fs::create_dir_all(&src).unwrap();
+    for f in [
+        "config.json",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+    ] {
+        std::fs::copy(model_dir().join(f), src.join(f)).unwrap();
+    }
+    for i in 1..=3 {
+        let name = format!("model-0000{i}-of-00003.safetensors");
+        let bytes = std::fs::read(model_dir().join(&name)).unwrap();
+        let keep = if i == 2 { bytes.len() / 2 } else { bytes.len() };
+        std::fs::write(src.join(&name), &bytes[..keep]).unwrap();
+    }
+    let e = go(&src, &base.join("o3")).unwrap_err();
+    assert!(format!("{e:#}").contains("safetensors"), "{e:#}");
+    assert!(
+        left("o3").is_empty(),
+        "a partial output was left: {:?}",
+        left("o3")
+    );
+    // An already quantized source.
+    let q = base.join("quantized");
+    go(&model_dir(), &q).unwrap();
+    let e = go(&q, &base.join("o4")).unwrap_err();
+    assert!(format!("{e}").contains("already quantized"), "{e}");
+    assert!(left("o1").is_empty() && left("o2").is_empty() && left("o4").is_empty());
+    std::fs::remove_dir_all(&base).unwrap();
+}

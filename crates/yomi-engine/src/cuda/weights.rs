@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use cudarc::driver::CudaSlice;
 use yomi_models::Model;
 use yomi_models::model::{AttnWeights, GdnWeights, Layer, Mixer, Mlp};
@@ -31,6 +31,7 @@ pub struct DevWeights {
 /// Uploads one matrix in its own format: f32/bf16/f16 as they are, GGML blocks as blocks (the
 /// quantized GEMV kernels read them; never dequantized whole).
 fn upload_matrix(dev: &CudaDevice, m: &Matrix) -> Result<DeviceMatrix> {
+    refuse_rotated(m)?;
     Ok(match &m.data {
         WeightData::F32(v) => DeviceMatrix::from_f32(dev, m.rows, m.cols, v)?,
         WeightData::Bf16(v) => {
@@ -191,8 +192,23 @@ fn upload_opt(dev: &CudaDevice, v: &Option<Vec<f32>>) -> Result<Option<CudaSlice
     v.as_deref().map(|x| upload_vec(dev, x)).transpose()
 }
 
+/// The CUDA kernels do not rotate activations yet: a matrix stored rotated (yomi's formats
+/// with the Hadamard rotation) would give wrong products, so it is refused (and `--device
+/// auto` falls back to the CPU, saying this).
+fn refuse_rotated(m: &Matrix) -> Result<()> {
+    if m.rotation.is_some() {
+        bail!(
+            "weights quantized with the Hadamard rotation do not run on CUDA yet \
+             (quantize with `yomi quantize --no-rotation` for the GPU)"
+        );
+    }
+    Ok(())
+}
+
 /// One layer's weights on the device (projections fused per `fuse`, see [`upload_proj`]).
 pub(super) fn upload_layer(dev: &CudaDevice, l: &Layer, fuse: bool) -> Result<Layer<Cuda>> {
+    // Stacked projections are rebuilt without the parts' rotation: check them all first.
+    l.matrices().into_iter().try_for_each(refuse_rotated)?;
     let mixer = match &l.mixer {
         Mixer::Attention(w) => {
             let mut p = upload_proj(

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use yomi_core::backend::Backend;
 use yomi_cpu::backend::Cpu;
 use yomi_cpu::quant::Pack;
@@ -110,6 +110,16 @@ fn drop_host(m: &mut Matrix) {
 }
 
 impl Layer {
+    /// Every weight matrix of the layer.
+    pub fn matrices(&self) -> Vec<&Matrix> {
+        let mut v: Vec<&Matrix> = match &self.mixer {
+            Mixer::Attention(a) => vec![&a.q, &a.k, &a.v, &a.o],
+            Mixer::Gdn(g) => vec![&g.qkv, &g.z, &g.b, &g.a, &g.out],
+        };
+        v.extend([&self.mlp.gate, &self.mlp.up, &self.mlp.down]);
+        v
+    }
+
     /// Every weight matrix of the layer, mutably.
     fn matrices_mut(&mut self) -> Vec<&mut Matrix> {
         let mut v: Vec<&mut Matrix> = match &mut self.mixer {
@@ -154,6 +164,11 @@ impl Model {
             }
         };
         let mut embed = src.matrix("model.embed_tokens.weight", cfg.vocab_size, h)?;
+        // The embedding is read by rows, not multiplied: a rotation of its (input) columns
+        // would change every row it gives. yomi quantize never writes one.
+        if embed.rotation.is_some() {
+            bail!("model.embed_tokens.weight is stored rotated; embeddings must not be");
+        }
         if let Some(s) = sink.as_deref_mut() {
             s.embed(&embed)?;
             // A tied LM head is the embedding: its host copy goes once the head is up too.
