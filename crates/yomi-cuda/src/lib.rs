@@ -61,8 +61,9 @@ pub use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 pub use device::{CudaDevice, ModuleInfo};
 pub use error::{CudaError, Result};
 pub use ops::{
-    DeviceMatrix, GateUpMatrix, GdnDeviceRows, GdnShape, GemvKernel, WeightDtype, bf16_tile_index,
-    bf16_tiles_len, gate_up_source_row, gemv_variant, interleave_gate_up, linear_kernel, tc_warps,
+    DeviceMatrix, GEMM_MIN_ROWS, GateUpMatrix, GdnDeviceRows, GdnShape, GemvKernel, WeightDtype,
+    bf16_tile_index, bf16_tiles_len, gate_up_source_row, gemv_variant, interleave_gate_up,
+    linear_kernel, tc_warps,
 };
 pub use options::CudaOptions;
 pub use quant::QuantFormat;

@@ -243,6 +243,13 @@ impl GateUpMatrix {
 /// The most rows one GEMV launch takes (DESIGN §5: T ≤ 32 rows share one weight read).
 pub const MAX_GEMV_ROWS: usize = 32;
 
+/// From this many rows on, [`CudaDevice::linear`] and [`CudaDevice::linear_swiglu`] take the
+/// GEMM; fewer go as consecutive GEMV launches of up to 32 rows. Below it the GEMM's tiles sit
+/// mostly empty and its x planes cost a second pass: on an H100 at Qwen3.5-9B's shapes (bf16)
+/// a 64-row chain took 29.0 ms through the GEMM against 20.9 ms as two 32-row GEMV passes,
+/// while 256-row prefill chunks are ~1.8× faster per row through the GEMM.
+pub const GEMM_MIN_ROWS: usize = 128;
+
 /// The shape checks every linear entry point makes: T ≥ 1 rows, x [T, k], out [T, n_out], and a
 /// bias of `bias_want` values if one is given.
 #[allow(clippy::too_many_arguments)]
@@ -648,9 +655,10 @@ impl CudaDevice {
     /// which splits x into two bf16 parts (relative L2 error about 4e-6 against the f32 CPU twin
     /// at K = 4096–12288, against 3e-7 for the SIMT kernels; see `kernels/gemv.cu`), and
     /// block-quantized matrices ([`DeviceMatrix::from_ggml_blocks`]) go through
-    /// `kernels/gemv_quant.cu`, dequantizing in registers. More rows (prefill chunks) take the
-    /// GEMM of `gemm.rs` for bf16 weights and, through cuBLAS, block-quantized ones
-    /// ([`CudaDevice::gemm_bf16`]), and consecutive GEMV launches of up to 32 rows otherwise.
+    /// `kernels/gemv_quant.cu`, dequantizing in registers. [`GEMM_MIN_ROWS`] rows or more
+    /// (prefill chunks) take the GEMM of `gemm.rs` for bf16 weights and, through cuBLAS,
+    /// block-quantized ones ([`CudaDevice::gemm_bf16`]); anything else consecutive GEMV launches
+    /// of up to 32 rows.
     pub fn linear(
         &self,
         x: &impl DevicePtr<f32>,
@@ -693,7 +701,7 @@ impl CudaDevice {
             Weights::Quant(_) => self.gemm_route() == GemmRoute::Cublas && n <= 65535,
             _ => false,
         };
-        if t > MAX_GEMV_ROWS && gemm_ok && variant.is_none() && self.options().gemm {
+        if t >= GEMM_MIN_ROWS && gemm_ok && variant.is_none() && self.options().gemm {
             let opts = GemmOpts {
                 swiglu: false,
                 lo: self.options().gemm_lo,
@@ -723,7 +731,7 @@ impl CudaDevice {
     /// tensor-core GEMV over the interleaved gate|up matrix with the SwiGLU epilogue
     /// (`kernels/gemv.cu`), its kernel chosen by T and the matrix's 2·I rows as
     /// [`CudaDevice::linear`] chooses it, so the result is bit-identical to `linear` over the
-    /// stacked [gate; up] matrix followed by [`CudaDevice::swiglu_pair`]. More rows take the
+    /// stacked [gate; up] matrix followed by [`CudaDevice::swiglu_pair`]. [`GEMM_MIN_ROWS`] rows or more take the
     /// tensor-core GEMM with the same epilogue. `bias` ([2·I], gate then up, un-interleaved) is
     /// optional.
     pub fn linear_swiglu(
@@ -748,7 +756,7 @@ impl CudaDevice {
         )?;
         let st = self.stream();
         let (xp, op) = (dptr(x, st), dptr_mut(out, st));
-        if t > MAX_GEMV_ROWS && self.options().gemm {
+        if t >= GEMM_MIN_ROWS && self.options().gemm {
             let opts = GemmOpts {
                 swiglu: true,
                 lo: self.options().gemm_lo,

@@ -717,7 +717,15 @@ fn smollm2_on_gpu() {
         rows.len(),
         ids.len()
     );
-    assert!(d <= 1e-3 && hf <= 1e-3, "smollm2 logits");
+    // One pass of 456 rows takes the prefill GEMM (cuBLAS over bf16 hi+lo planes of the
+    // dequantized blocks; ~4e-6 relative L2 per matrix in gpu_quant), whose rounding grows to
+    // 1.4e-3 at the logits (|logit| ~ 20) after 30 layers, measured on an H100; 32-row GEMV
+    // passes measured 1.6e-4. Against HF (8 rows) 5.8e-4, and every top-1 must agree.
+    assert!(
+        d <= 3e-3 && hf <= 1e-3,
+        "smollm2 logits: gpu-cpu {d}, gpu-hf {hf}"
+    );
+    assert_eq!(agree, ids.len(), "smollm2 top-1 against HF");
     let prompt = r.ids("chat_prompt_ids");
     let want = r.ids("greedy_ids");
     let mut gs2 = gpu.new_state();
@@ -916,16 +924,28 @@ fn check_long_chain_vs_pieces(dir: &Path, bf16: bool, tol: f32) {
             .is_err(),
         "past the state's capacity"
     );
-    // Every row's logits of a chain of two pieces; such a chain can only be committed whole.
+    // Every row's logits of a chain of two pieces. A GDN layer keeps one piece's states, so
+    // such a chain can only be committed whole; attention alone compacts K/V rows of any pass.
     cm.forward_chain(&mut st, 0, &long, LogitRows::All, &mut l)
         .expect("a 40-row chain");
     assert_eq!(l.len(), 40 * v);
     let part: Vec<usize> = (0..2).collect();
     let ds: &mut dyn yomi_models::AccelState = &mut st;
-    assert!(
-        yomi_models::Accelerator::commit(&cm, ds, 0, &TreeBatch::chain(40), &part).is_err(),
-        "a partial commit of a multi-piece chain"
+    let partial = yomi_models::Accelerator::commit(&cm, ds, 0, &TreeBatch::chain(40), &part);
+    let has_gdn = model_has_gdn(dir);
+    assert_eq!(
+        partial.is_err(),
+        has_gdn,
+        "{name}: a partial commit of a multi-piece chain (GDN layers: {has_gdn})"
     );
+}
+
+/// Whether the model in `dir` has Gated DeltaNet layers.
+fn model_has_gdn(dir: &Path) -> bool {
+    yomi_models::ModelConfig::from_hf_dir(dir)
+        .expect("config")
+        .layer_kinds
+        .contains(&yomi_models::LayerKind::GatedDeltaNet)
 }
 
 #[test]
