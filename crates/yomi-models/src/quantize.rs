@@ -244,6 +244,12 @@ pub fn quantize_dir(
         let dst = tmp.join(&file_name);
         safetensors::serialize_to_file(views, metadata, &dst)
             .map_err(|e| anyhow!("cannot write {}: {e}", dst.display()))?;
+        // The writer creates its file private (0600); a model file is as readable as its source.
+        let perms = std::fs::metadata(path)
+            .with_context(|| format!("cannot read {}", path.display()))?
+            .permissions();
+        std::fs::set_permissions(&dst, perms)
+            .with_context(|| format!("cannot set the permissions of {}", dst.display()))?;
     }
 
     // The index (when the source had one), the config, and every other file as it is.
