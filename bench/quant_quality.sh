@@ -9,9 +9,10 @@
 #
 # The evaluation windows are fixed here, apart from the windows choices were tuned on: tuning
 # used windows 0-15 (512 tokens each) of a text; this evaluation reads windows 64-127
-# (SKIP/WINDOWS override). Bits per weight count tensor data only (every tensor of the file,
-# norms and the unused MTP block included, over the source's parameter count); headers and a
-# GGUF's tokenizer are left out. Prints one markdown table row per model.
+# (SKIP/WINDOWS override; VARIANTS_ON=0 runs only the other files). Bits per weight count
+# tensor data only (every tensor of the file, norms and the unused MTP block included, over the
+# source's parameter count); headers and a GGUF's tokenizer are left out. Prints one markdown
+# table row per model; a file yomi cannot load gets a row saying why.
 set -euo pipefail
 SRC=${1:?usage: quant_quality.sh SRC_DIR TEXT [OTHER.gguf ...]}
 TEXT=${2:?usage: quant_quality.sh SRC_DIR TEXT [OTHER.gguf ...]}
@@ -68,8 +69,16 @@ src_params=$(sizes "$SRC" | awk '{print $3}')
 row() {
     local name=$1 model=$2 bytes
     bytes=$(sizes "$model" | awk '{print $2}')
-    "$YOMI" perplexity -M "$model" --kl-reference "$SRC" --device cpu --kv-cache f32 \
-        --file "$TEXT" --window 512 --skip-windows "$SKIP" --max-windows "$WINDOWS" --json 2>/dev/null |
+    local json err
+    err=$(mktemp)
+    if ! json=$("$YOMI" perplexity -M "$model" --kl-reference "$SRC" --device cpu --kv-cache f32 \
+        --file "$TEXT" --window 512 --skip-windows "$SKIP" --max-windows "$WINDOWS" --json 2>"$err"); then
+        echo "| $name | $(python3 -c "print('%.2f' % (8 * $bytes / $src_params))") | not loaded by yomi: $(grep -m1 error "$err") | | | | |"
+        rm -f "$err"
+        return
+    fi
+    rm -f "$err"
+    echo "$json" |
         python3 -c "
 import json, sys
 name, b, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -83,6 +92,8 @@ print('| %s | %.2f | %.4f | %.4f | %.5f ± %.5f | %.4f | %.2f%% |' % (
 
 echo "| model | bits/weight | PPL | source PPL | mean KL (nats) | p99 KL | top-1 = source |"
 echo "|---|---|---|---|---|---|---|"
+# VARIANTS=0 leaves yomi's own formats out (only the other files).
+[ "${VARIANTS_ON:-1}" = 1 ] || VARIANTS=()
 for v in "${VARIANTS[@]}"; do
     out="$WORK/$(echo "$v" | tr -d ' -')"
     [ -d "$out" ] || "$YOMI" quantize -M "$SRC" --out "$out" $v >/dev/null 2>&1
