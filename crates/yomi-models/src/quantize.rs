@@ -35,6 +35,7 @@ use yomi_weights::quant::yomi::GROUP_SIZES;
 use yomi_weights::{Rotation, YomiFormat, YomiMatrix};
 
 use crate::loader::{ModelFormat, detect_format};
+use crate::safetensors_dir::float_values;
 
 /// The `quant_method` of yomi's `quantization_config`.
 pub const QUANT_METHOD: &str = "yomi";
@@ -391,6 +392,9 @@ fn quantize_tensor(
     let stem = name
         .strip_suffix(".weight")
         .ok_or_else(|| anyhow!("`{name}` is not a .weight"))?;
+    if !matches!(view.dtype(), Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+        bail!("`{name}` has dtype {:?}; expected F32, F16 or BF16", view.dtype());
+    }
     let rotation = rotate.then(|| Rotation::from_seed(seed, cols));
     debug_assert!(cols.is_multiple_of(ROTATION_BLOCK));
     let bytes = view.data();
@@ -405,20 +409,8 @@ fn quantize_tensor(
         .map(|c| {
             let (r0, r1) = (c * CHUNK, ((c + 1) * CHUNK).min(rows));
             let src = &bytes[r0 * cols * width..r1 * cols * width];
-            let mut vals: Vec<f32> = match view.dtype() {
-                Dtype::F32 => src
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect(),
-                Dtype::BF16 => src
-                    .chunks_exact(2)
-                    .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                    .collect(),
-                _ => src
-                    .chunks_exact(2)
-                    .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-                    .collect(),
-            };
+            // F32/BF16/F16, checked above.
+            let mut vals = float_values(view.dtype(), src).unwrap_or_default();
             if let Some(r) = &rotation {
                 r.apply(&mut vals);
             }

@@ -55,6 +55,25 @@ fn normalise(name: &str) -> Option<String> {
     Some(n)
 }
 
+/// Little-endian F32/BF16/F16 bytes as f32 values (`None` for other dtypes).
+pub(crate) fn float_values(dtype: Dtype, b: &[u8]) -> Option<Vec<f32>> {
+    Some(match dtype {
+        Dtype::F32 => b
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        Dtype::BF16 => b
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::F16 => b
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        _ => return None,
+    })
+}
+
 impl SafetensorsDir {
     pub fn open(dir: &Path) -> Result<Self> {
         let index = dir.join("model.safetensors.index.json");
@@ -160,21 +179,11 @@ impl SafetensorsDir {
     }
 
     fn to_f32(&self, name: &str, e: &Entry) -> Result<Vec<f32>> {
-        let b = self.bytes(e);
-        Ok(match e.dtype {
-            Dtype::F32 => b
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            Dtype::BF16 => b
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Dtype::F16 => b
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            other => bail!("weight `{name}` has dtype {other:?}; expected F32, F16 or BF16"),
+        float_values(e.dtype, self.bytes(e)).ok_or_else(|| {
+            anyhow!(
+                "weight `{name}` has dtype {:?}; expected F32, F16 or BF16",
+                e.dtype
+            )
         })
     }
 
