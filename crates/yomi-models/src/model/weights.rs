@@ -319,7 +319,10 @@ impl Model {
             for r in 0..rows {
                 out[r * cols..(r + 1) * cols].copy_from_slice(m.row_f32(r, &mut buf));
             }
+            // The stored rows stay those of a rotated matrix: its input is still turned.
+            let rotation = m.rotation.take();
             *m = Matrix::new(rows, cols, WeightData::F32(out));
+            m.rotation = rotation;
         }
     }
 
