@@ -393,7 +393,10 @@ fn quantize_tensor(
         .strip_suffix(".weight")
         .ok_or_else(|| anyhow!("`{name}` is not a .weight"))?;
     if !matches!(view.dtype(), Dtype::F32 | Dtype::BF16 | Dtype::F16) {
-        bail!("`{name}` has dtype {:?}; expected F32, F16 or BF16", view.dtype());
+        bail!(
+            "`{name}` has dtype {:?}; expected F32, F16 or BF16",
+            view.dtype()
+        );
     }
     let rotation = rotate.then(|| Rotation::from_seed(seed, cols));
     debug_assert!(cols.is_multiple_of(ROTATION_BLOCK));
