@@ -3,8 +3,9 @@
 //! directory of the same shape that yomi loads again.
 //!
 //! What is quantized: every 2-D floating-point `*.weight` (the linear layers, the embedding
-//! and an untied LM head), except GDN's `in_proj_a`/`in_proj_b` (one row per value head,
-//! ~0.1% of a model's weights, producing the recurrence's decay and write strength). The
+//! and an untied LM head), except a vision tower's (yomi runs the text model) and GDN's
+//! `in_proj_a`/`in_proj_b` (one row per value head, ~0.1% of a model's weights, producing the
+//! recurrence's decay and write strength). The
 //! embedding and the LM head take their own format choice (or none). A matrix whose columns are
 //! not whole groups of the chosen size takes the largest size of 32/64/128 that fits; one whose
 //! columns are not whole blocks of 32 stays as it is (listed in the config).
@@ -344,6 +345,10 @@ fn plan_for(
     };
     let is_embedding = name.ends_with("embed_tokens.weight");
     let is_head = name == "lm_head.weight" || name.ends_with(".lm_head.weight");
+    // A vision tower (Qwen3.5's `model.visual.*`) is not run by yomi: left as it is.
+    if name.starts_with("visual.") || name.contains(".visual.") {
+        return keep("vision tower: kept (yomi runs the text model)");
+    }
     if name.ends_with("in_proj_a.weight") || name.ends_with("in_proj_b.weight") {
         return keep("GDN decay/strength projection: kept at full precision");
     }
@@ -498,4 +503,67 @@ fn quantization_config(opts: &QuantizeOptions, report: &QuantizeReport) -> Value
                    X.hadamard_signs I8 [cols] when rows were turned by the block-32 randomized \
                    Hadamard rotation (inputs are turned the same way at run time)",
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(name: &str, cols: usize, tied: bool) -> (Option<(YomiFormat, usize, bool)>, usize) {
+        let bytes = vec![0u8; 4 * 64 * cols];
+        let view = TensorView::new(Dtype::F32, vec![64, cols], &bytes).unwrap();
+        let opts = QuantizeOptions {
+            format: YomiFormat::M,
+            group: 64,
+            rotation: true,
+            seed: 0,
+            embedding: Some(YomiFormat::L),
+            lm_head: None,
+        };
+        let mut report = QuantizeReport::default();
+        let p = match plan_for(name, &view, &opts, tied, &mut report) {
+            Plan::Copy => None,
+            Plan::Quantize {
+                format,
+                group,
+                rotate,
+            } => Some((format, group, rotate)),
+        };
+        (p, report.kept.len())
+    }
+
+    /// Which tensors are quantized, how, and which are kept (and listed).
+    #[test]
+    fn plans_follow_the_rules() {
+        use YomiFormat::{L, M};
+        assert_eq!(
+            plan("model.layers.0.mlp.up_proj.weight", 128, false),
+            (Some((M, 64, true)), 0)
+        );
+        // 96 columns are not whole groups of 64: groups of 32.
+        assert_eq!(
+            plan("model.layers.0.self_attn.o_proj.weight", 96, false),
+            (Some((M, 32, true)), 0)
+        );
+        // The embedding: its own format, never rotated (tied or not).
+        assert_eq!(
+            plan("model.embed_tokens.weight", 128, true),
+            (Some((L, 64, false)), 0)
+        );
+        // An untied head with `lm_head: None` is kept; GDN's a/b and a vision tower too.
+        assert_eq!(plan("lm_head.weight", 128, false), (None, 1));
+        assert_eq!(
+            plan("model.layers.0.linear_attn.in_proj_b.weight", 128, false),
+            (None, 1)
+        );
+        assert_eq!(
+            plan("model.visual.blocks.0.attn.qkv.weight", 128, false),
+            (None, 1)
+        );
+        // Columns that are not whole blocks of 32.
+        assert_eq!(
+            plan("model.layers.0.mlp.down_proj.weight", 100, false),
+            (None, 1)
+        );
+    }
 }
