@@ -215,12 +215,9 @@ fn suffix_drafting_is_lossless_on_a_quantized_qwen35_tiny() {
     let out = std::env::temp_dir().join(format!("yomi-lossless-m-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     let opts = QuantizeOptions {
-        format: YomiFormat::M,
         group: 32,
-        rotation: true,
         seed: 1,
-        embedding: Some(YomiFormat::L),
-        lm_head: Some(YomiFormat::L),
+        ..QuantizeOptions::new(YomiFormat::M)
     };
     let report = quantize_dir(&shared_fixture("qwen35-tiny"), &out, &opts, &mut |_, _| {})
         .expect("quantize the fixture");

@@ -58,6 +58,21 @@ pub struct QuantizeOptions {
     pub lm_head: Option<YomiFormat>,
 }
 
+impl QuantizeOptions {
+    /// `format` with the defaults of `yomi quantize`: groups of 64, rotated (seed 0), the
+    /// embedding and an untied LM head in L.
+    pub fn new(format: YomiFormat) -> Self {
+        QuantizeOptions {
+            format,
+            group: 64,
+            rotation: true,
+            seed: 0,
+            embedding: Some(YomiFormat::L),
+            lm_head: Some(YomiFormat::L),
+        }
+    }
+}
+
 /// What a conversion did.
 #[derive(Clone, Debug, Default)]
 pub struct QuantizeReport {
@@ -513,12 +528,8 @@ mod tests {
         let bytes = vec![0u8; 4 * 64 * cols];
         let view = TensorView::new(Dtype::F32, vec![64, cols], &bytes).unwrap();
         let opts = QuantizeOptions {
-            format: YomiFormat::M,
-            group: 64,
-            rotation: true,
-            seed: 0,
-            embedding: Some(YomiFormat::L),
             lm_head: None,
+            ..QuantizeOptions::new(YomiFormat::M)
         };
         let mut report = QuantizeReport::default();
         let p = match plan_for(name, &view, &opts, tied, &mut report) {

@@ -230,12 +230,9 @@ fn quantized_formats_track_the_source() {
         ));
         let _ = std::fs::remove_dir_all(&out);
         let opts = QuantizeOptions {
-            format,
             group,
             rotation,
-            seed: 0,
-            embedding: Some(YomiFormat::L),
-            lm_head: Some(YomiFormat::L),
+            ..QuantizeOptions::new(format)
         };
         let report = quantize_dir(&model_dir(), &out, &opts, &mut |_, _| {}).unwrap();
         let q = load(&out);
@@ -279,14 +276,7 @@ fn quantize_refuses_bad_input_and_leaves_nothing() {
     use yomi_models::quantize::{QuantizeOptions, quantize_dir};
     use yomi_weights::YomiFormat;
     let _ = model(); // the shards restored
-    let opts = QuantizeOptions {
-        format: YomiFormat::M,
-        group: 64,
-        rotation: true,
-        seed: 0,
-        embedding: Some(YomiFormat::L),
-        lm_head: Some(YomiFormat::L),
-    };
+    let opts = QuantizeOptions::new(YomiFormat::M);
     let base = std::env::temp_dir().join(format!("yomi-quantize-bad-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base).unwrap();
