@@ -117,6 +117,9 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     /// eos ids named in the config itself (generation_config.json may add more).
     pub eos_token_ids: Vec<u32>,
+    /// Multi-token-prediction blocks beside the trunk (Qwen3.5's `mtp_num_hidden_layers`,
+    /// GGUF `nextn_predict_layers`; 0 when the model has none): what `--draft mtp` reads.
+    pub mtp_layers: usize,
 }
 
 fn get_usize(v: &Value, key: &str) -> Result<Option<usize>> {
@@ -369,6 +372,7 @@ impl ModelConfig {
                 .unwrap_or(false),
             max_position_embeddings: get_usize(text, "max_position_embeddings")?.unwrap_or(4096),
             eos_token_ids: eos,
+            mtp_layers: get_usize(text, "mtp_num_hidden_layers")?.unwrap_or(0),
         };
         cfg.validate()?;
         // Ids not in the vocabulary would never match (pad) or be looked up out of range.

@@ -567,6 +567,7 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
         tie_word_embeddings: !by_name.contains_key("output.weight"),
         max_position_embeddings: opt_u("context_length")?.unwrap_or(4096),
         eos_token_ids: eos,
+        mtp_layers: n_mtp,
     };
     cfg.validate()?;
     check_special_tokens(f, vocab)?;

@@ -1,6 +1,6 @@
 //! yomi's models: configuration, weight loading (safetensors directories; GGUF), the
 //! architectures written once over the backend op set (`yomi_core::backend`) with the pending →
-//! commit state contract, and the DFlash drafter.
+//! commit state contract, the DFlash drafter and Qwen3.5's MTP block.
 
 pub mod accel;
 pub mod config;
@@ -9,6 +9,7 @@ pub mod gguf;
 pub mod gguf_source;
 pub mod loader;
 pub mod model;
+pub mod mtp;
 pub mod quantize;
 pub mod safetensors_dir;
 pub mod source;

@@ -364,6 +364,11 @@ fn plan_for(
     if name.starts_with("visual.") || name.contains(".visual.") {
         return keep("vision tower: kept (yomi runs the text model)");
     }
+    // The MTP block (`--draft mtp`) only drafts: its quality never reaches the output, and
+    // its `fc` is split by columns at load, which a rotated or grouped layout would not allow.
+    if name.starts_with("mtp.") {
+        return keep("MTP block: kept (a drafter, read at full precision)");
+    }
     if name.ends_with("in_proj_a.weight") || name.ends_with("in_proj_b.weight") {
         return keep("GDN decay/strength projection: kept at full precision");
     }
@@ -569,6 +574,12 @@ mod tests {
         );
         assert_eq!(
             plan("model.visual.blocks.0.attn.qkv.weight", 128, false),
+            (None, 1)
+        );
+        // The MTP block drafts only: kept, its fc split at load.
+        assert_eq!(plan("mtp.fc.weight", 256, false), (None, 1));
+        assert_eq!(
+            plan("mtp.layers.0.mlp.up_proj.weight", 128, false),
             (None, 1)
         );
         // Columns that are not whole blocks of 32.

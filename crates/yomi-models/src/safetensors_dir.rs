@@ -1,6 +1,6 @@
 //! Hugging Face safetensors directories: one file or shards with `model.safetensors.index.json`,
 //! memory-mapped. Names are normalised (`model.language_model.` → `model.`); the vision tower
-//! (`model.visual.*`) and the MTP block (`mtp.*`) are skipped.
+//! (`model.visual.*`) is skipped.
 //!
 //! Directories written by `yomi quantize` hold a quantized matrix `X.weight` as `X.qweight`,
 //! `X.scales` (and for M `X.mins`), with `X.hadamard_signs` when its input side is rotated
@@ -46,10 +46,9 @@ fn normalise(name: &str) -> Option<String> {
     } else {
         name.to_string()
     };
-    // The MTP block (`mtp.*`, with `mtp_num_hidden_layers` in the config; e.g.
-    // models/yomi-code-hybrid) is a drafter beside the trunk: the trunk's forward never reads
-    // it, so it is skipped here rather than refused, until `--draft mtp` (issue 41) reads it.
-    if n.starts_with("model.visual.") || n.starts_with("visual.") || n.starts_with("mtp.") {
+    // The MTP block (`mtp.*`) keeps its names: the trunk never asks for them, `--draft mtp`
+    // does (`crate::mtp`).
+    if n.starts_with("model.visual.") || n.starts_with("visual.") {
         return None;
     }
     Some(n)

@@ -10,5 +10,7 @@ mod qwen35;
 mod weights;
 
 pub use blocks::{Net, Scratch, set_pass_rows};
+pub(crate) use blocks::{Pass, Stream, attention, mlp};
 pub use forward::{HiddenTaps, LogitRows, commit_layers, run_pass};
+pub(crate) use weights::load_layer;
 pub use weights::{AttnWeights, GdnWeights, Layer, Mixer, Mlp, Model, WeightSink};

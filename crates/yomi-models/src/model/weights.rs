@@ -121,7 +121,7 @@ impl Layer {
     }
 
     /// Every weight matrix of the layer, mutably.
-    fn matrices_mut(&mut self) -> Vec<&mut Matrix> {
+    pub(crate) fn matrices_mut(&mut self) -> Vec<&mut Matrix> {
         let mut v: Vec<&mut Matrix> = match &mut self.mixer {
             Mixer::Attention(a) => vec![&mut a.q, &mut a.k, &mut a.v, &mut a.o],
             Mixer::Gdn(g) => vec![&mut g.qkv, &mut g.z, &mut g.b, &mut g.a, &mut g.out],
@@ -180,22 +180,7 @@ impl Model {
         progress(1, total);
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for (i, kind) in cfg.layer_kinds.iter().enumerate() {
-            let p = format!("model.layers.{i}");
-            let mixer = match kind {
-                LayerKind::Attention => Mixer::Attention(load_attention(&cfg, src, &p, &norm)?),
-                LayerKind::GatedDeltaNet => Mixer::Gdn(load_gdn(&cfg, src, &p)?),
-            };
-            let i_sz = cfg.intermediate_size;
-            let mut layer = Layer {
-                input_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
-                post_norm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
-                mixer,
-                mlp: Mlp {
-                    gate: src.matrix(&format!("{p}.mlp.gate_proj.weight"), i_sz, h)?,
-                    up: src.matrix(&format!("{p}.mlp.up_proj.weight"), i_sz, h)?,
-                    down: src.matrix(&format!("{p}.mlp.down_proj.weight"), h, i_sz)?,
-                },
-            };
+            let mut layer = load_layer(&cfg, src, &format!("model.layers.{i}"), *kind)?;
             if let Some(s) = sink.as_deref_mut() {
                 s.layer(i, &layer)?;
                 layer.matrices_mut().into_iter().for_each(drop_host);
@@ -346,6 +331,39 @@ impl Model {
         }
         n
     }
+}
+
+/// A decoder layer of `kind` whose tensors are named `{p}.…` as in the Hugging Face files
+/// (`p` = `model.layers.N` for the trunk; an MTP block's layers have their own prefix).
+pub(crate) fn load_layer(
+    cfg: &ModelConfig,
+    src: &dyn WeightSource,
+    p: &str,
+    kind: LayerKind,
+) -> Result<Layer> {
+    let h = cfg.hidden_size;
+    let norm = |name: &str, len: usize| -> Result<Vec<f32>> {
+        if cfg.norm_plus_one {
+            src.norm_plus_one(name, len)
+        } else {
+            src.vector(name, len)
+        }
+    };
+    let mixer = match kind {
+        LayerKind::Attention => Mixer::Attention(load_attention(cfg, src, p, &norm)?),
+        LayerKind::GatedDeltaNet => Mixer::Gdn(load_gdn(cfg, src, p)?),
+    };
+    let i_sz = cfg.intermediate_size;
+    Ok(Layer {
+        input_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
+        post_norm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
+        mixer,
+        mlp: Mlp {
+            gate: src.matrix(&format!("{p}.mlp.gate_proj.weight"), i_sz, h)?,
+            up: src.matrix(&format!("{p}.mlp.up_proj.weight"), i_sz, h)?,
+            down: src.matrix(&format!("{p}.mlp.down_proj.weight"), h, i_sz)?,
+        },
+    })
 }
 
 fn load_attention(
