@@ -54,7 +54,8 @@ class Model:
         threads: Optional[int] = None,
         kv_cache: Literal["f16", "f32"] = "f16",
         draft_model: Union[str, "os.PathLike[str]", None] = None,
-        draft_tree: Literal["tree", "chain"] = "tree",
+        draft_tree: Literal["tree", "chain", "mixed"] = "tree",
+        mtp_steps: Optional[int] = None,
     ) -> None: ...
     @property
     def device(self) -> str:
@@ -74,7 +75,7 @@ class Model:
         top_k: Optional[int] = None,
         min_p: Optional[float] = None,
         seed: Optional[int] = None,
-        draft: Literal["suffix", "dflash", "none"] = "suffix",
+        draft: Literal["suffix", "dflash", "mtp", "none"] = "suffix",
         draft_budget: int = 16,
         stop: Union[str, Sequence[str], None] = None,
         enable_thinking: Optional[bool] = None,
@@ -91,7 +92,7 @@ class Model:
         top_k: Optional[int] = None,
         min_p: Optional[float] = None,
         seed: Optional[int] = None,
-        draft: Literal["suffix", "dflash", "none"] = "suffix",
+        draft: Literal["suffix", "dflash", "mtp", "none"] = "suffix",
         draft_budget: int = 16,
         stop: Union[str, Sequence[str], None] = None,
         enable_thinking: Optional[bool] = None,

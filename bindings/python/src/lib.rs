@@ -161,12 +161,14 @@ fn random_seed() -> u64 {
 }
 
 /// A loaded model: `Model(path, device="auto", *, ctx_size=None, threads=None, kv_cache="f16",
-/// draft_model=None, draft_tree="tree")`.
+/// draft_model=None, draft_tree="tree", mtp_steps=None)`.
 #[pyclass(module = "yomi", frozen)]
 struct Model {
     engine: Arc<Engine>,
     /// A DFlash drafter is attached (`draft_model`): `draft="dflash"` drafts with it.
     dflash: bool,
+    /// The model's MTP block is attached (`mtp_steps`): `draft="mtp"` drafts with it.
+    mtp: bool,
     /// The sequence state, reused from request to request; held by the running generation,
     /// which makes a second one wait for it.
     state: Arc<Mutex<Option<State>>>,
@@ -456,7 +458,7 @@ impl Model {
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (
         path, device = "auto", *, ctx_size = None, threads = None, kv_cache = "f16",
-        draft_model = None, draft_tree = "tree"
+        draft_model = None, draft_tree = "tree", mtp_steps = None
     ))]
     fn new(
         py: Python<'_>,
@@ -467,6 +469,7 @@ impl Model {
         kv_cache: &str,
         draft_model: Option<PathBuf>,
         draft_tree: &str,
+        mtp_steps: Option<usize>,
     ) -> PyResult<Model> {
         if !matches!(device, "cpu" | "cuda" | "auto") {
             return Err(PyValueError::new_err(format!(
@@ -496,6 +499,11 @@ impl Model {
             py.detach(|| engine.attach_dflash(dir, shape))
                 .map_err(engine_err)?;
         }
+        // The model's own MTP block, as `yomi run --draft mtp --mtp-steps N` attaches it.
+        if let Some(steps) = mtp_steps {
+            py.detach(|| engine.attach_mtp(shape, steps))
+                .map_err(engine_err)?;
+        }
         if let Some(note) = note {
             let warning = py.get_type::<pyo3::exceptions::PyRuntimeWarning>();
             py.import("warnings")?
@@ -505,6 +513,7 @@ impl Model {
         Ok(Model {
             engine: Arc::new(engine),
             dflash: draft_model.is_some(),
+            mtp: mtp_steps.is_some(),
             state: Arc::new(Mutex::new(None)),
             device,
         })
@@ -576,6 +585,12 @@ impl Model {
             return Err(PyValueError::new_err(
                 "draft=\"dflash\" needs a DFlash drafter: load the model with \
                  yomi.Model(path, draft_model=DIR)",
+            ));
+        }
+        if draft == DraftMode::Mtp && !self.mtp {
+            return Err(PyValueError::new_err(
+                "draft=\"mtp\" needs the model's MTP block: load the model with \
+                 yomi.Model(path, mtp_steps=N)",
             ));
         }
         let d = &self.engine.defaults;

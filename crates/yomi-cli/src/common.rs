@@ -169,8 +169,10 @@ impl SamplingArgs {
 #[derive(Args, Clone, Debug)]
 pub struct DraftArgs {
     /// Speculative drafter: `suffix` (model-free, backs off when it does not pay), `dflash` (a
-    /// trained DFlash drafter, `--draft-model DIR`; CPU only for now) or `none`. Lossless
-    /// whichever: the output is the same token for token.
+    /// trained DFlash drafter, `--draft-model DIR`), `mtp` (the model's own multi-token
+    /// prediction block: Qwen3.5/3.6 Hugging Face directories with `mtp.*` weights) or `none`.
+    /// The model drafters run on the CPU for now. Lossless whichever: the output is the same
+    /// token for token.
     #[arg(long, default_value = "suffix", value_name = "MODE", value_parser = clap::value_parser!(DraftMode))]
     pub draft: DraftMode,
     /// Most draft tokens verified per pass (1..=64).
@@ -180,18 +182,23 @@ pub struct DraftArgs {
     /// `DFlashDraftModel`, model.safetensors), trained for this model.
     #[arg(long, value_name = "DIR")]
     pub draft_model: Option<PathBuf>,
-    /// How a DFlash block becomes a draft: `tree` (best-first over each position's top
-    /// candidates, sized by the measured cost of verifying rows), `chain`, or `mixed` (the tree
-    /// plus the suffix drafter's branch where the text repeats).
+    /// How a model drafter's candidates become a draft: `tree` (best-first over each
+    /// position's top candidates, sized by the measured cost of verifying rows), `chain`, or
+    /// `mixed` (the tree plus the suffix drafter's branch where the text repeats).
     #[arg(long, default_value = "tree", value_name = "SHAPE", value_parser = clap::value_parser!(DraftShape))]
     pub draft_tree: DraftShape,
+    /// Most drafting steps of `--draft mtp` (each step one pass of the MTP block, drafting one
+    /// position deeper on its own output; 1..=8).
+    #[arg(long, default_value_t = yomi_engine::mtp_drafter::DEFAULT_STEPS, value_name = "N", value_parser = parse_mtp_steps)]
+    pub mtp_steps: usize,
 }
 
 impl DraftArgs {
-    /// Attaches the drafter model the flags name (DFlash) to the engine.
+    /// Attaches the drafter model the flags name (DFlash, MTP) to the engine.
     pub fn attach(&self, engine: &mut Engine) -> Result<()> {
         match (self.draft, &self.draft_model) {
             (DraftMode::DFlash, Some(dir)) => engine.attach_dflash(dir, self.draft_tree),
+            (DraftMode::Mtp, None) => engine.attach_mtp(self.draft_tree, self.mtp_steps),
             (DraftMode::DFlash, None) => {
                 anyhow::bail!("--draft dflash needs the drafter's directory: --draft-model DIR")
             }
@@ -199,6 +206,16 @@ impl DraftArgs {
             (_, None) => Ok(()),
         }
     }
+}
+
+fn parse_mtp_steps(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("expected a whole number, got {s:?}"))?;
+    if !(1..=8).contains(&n) {
+        return Err(format!("must be in 1..=8, got {n}"));
+    }
+    Ok(n)
 }
 
 fn parse_draft_budget(s: &str) -> Result<usize, String> {

@@ -37,6 +37,7 @@ use yomi_spec::{DraftTree, Drafter, SuffixDrafter};
 use yomi_weights::Matrix;
 
 pub mod backoff;
+use crate::draft_cost::VerifyCost;
 use backoff::Backoff;
 
 /// How a DFlash block becomes a draft.
@@ -129,10 +130,8 @@ pub struct DFlashDrafter {
     features: Vec<f32>,
     /// Per drafted position, its top candidates (token, probability), best first.
     top: Vec<Vec<(u32, f32)>>,
-    /// The measured cost of a pass by its drafts (see [`Drafter::set_pass_costs`]).
-    costs: Vec<f32>,
-    row_cost: f32,
-    growth: f32,
+    /// The verify pass's cost by its drafts.
+    verify: VerifyCost,
     /// The context no longer fits: propose nothing until the next request.
     full: bool,
     times: DraftTimes,
@@ -188,9 +187,7 @@ impl DFlashDrafter {
             logits: Vec::new(),
             features: Vec::new(),
             top: Vec::new(),
-            costs: Vec::new(),
-            row_cost: 0.1,
-            growth: 0.0,
+            verify: VerifyCost::default(),
             full: false,
             times: DraftTimes::default(),
             backoff: Backoff::default(),
@@ -216,39 +213,18 @@ impl DFlashDrafter {
 
     /// What a pass with `n` drafts costs, in one-row passes.
     fn cost(&self, n: usize) -> f32 {
-        if let Some(&c) = self.costs.get(n) {
-            return c;
-        }
-        if let Some(&last) = self.costs.last() {
-            // Past the measured end the last step continues.
-            let k = self.costs.len() - 1;
-            let step = if k > 0 { last - self.costs[k - 1] } else { 0.0 };
-            return last + step * (n - k) as f32;
-        }
-        let n = n as f32;
-        1.0 + self.row_cost * n + self.growth * n * n
+        self.verify.cost(n)
     }
 
-    /// The number of leading drafts (`(depth, score)` by non-increasing score) that maximises
-    /// the round's expected tokens per unit of cost: 1 + Σ calibrated scores over the drafting
-    /// already spent (`fixed`, in one-row passes) plus the verify pass, whose `extra` rows of
-    /// other drafts are paid anyway.
+    /// [`VerifyCost::best_count`] with this drafter's calibration.
     fn best_count(
         &self,
         scores: impl Iterator<Item = (usize, f32)>,
         fixed: f32,
         extra: usize,
     ) -> usize {
-        let (mut best, mut sum) = (0, 1.0f32);
-        let mut best_rate = 1.0 / (fixed + self.cost(extra));
-        for (i, (d, s)) in scores.enumerate() {
-            sum += (self.backoff.calibration(d) * s).min(1.0);
-            let rate = sum / (fixed + self.cost(extra + i + 1));
-            if rate > best_rate {
-                (best, best_rate) = (i + 1, rate);
-            }
-        }
-        best
+        self.verify
+            .best_count(scores, fixed, extra, |d| self.backoff.calibration(d))
     }
 
     /// Adds the committed rows that wait to the context.
@@ -482,7 +458,7 @@ impl DFlashDrafter {
 }
 
 /// How deep `path` (the accepted drafts' tokens) follows `tree` from its root.
-fn accepted_depth(tree: &DraftTree, path: &[u32]) -> usize {
+pub(crate) fn accepted_depth(tree: &DraftTree, path: &[u32]) -> usize {
     let (tokens, parents) = (tree.tokens(), tree.parents());
     let (mut cur, mut depth) = (0, 0);
     'walk: for &tok in path {
@@ -500,7 +476,7 @@ fn accepted_depth(tree: &DraftTree, path: &[u32]) -> usize {
 
 /// The union of two trees with one root into `out`, in depth-first preorder: `a`'s nodes in
 /// its order, then `b`'s that `a` lacks (a node both hold, by its path of tokens, once).
-fn merge(a: &DraftTree, b: &DraftTree, out: &mut DraftTree) {
+pub(crate) fn merge(a: &DraftTree, b: &DraftTree, out: &mut DraftTree) {
     let Some(root) = a.root() else {
         return;
     };
@@ -643,22 +619,21 @@ impl Drafter for DFlashDrafter {
     }
 
     fn set_row_cost(&mut self, relative: f32) {
-        self.row_cost = relative;
+        self.verify.set_row_cost(relative);
         if let Some(sfx) = self.suffix.as_mut() {
             sfx.set_row_cost(relative);
         }
     }
 
     fn set_row_cost_growth(&mut self, growth: f32) {
-        self.growth = growth;
+        self.verify.set_growth(growth);
         if let Some(sfx) = self.suffix.as_mut() {
             sfx.set_row_cost_growth(growth);
         }
     }
 
     fn set_pass_costs(&mut self, costs: &[f32]) {
-        self.costs.clear();
-        self.costs.extend_from_slice(costs);
+        self.verify.set_costs(costs);
         if let Some(sfx) = self.suffix.as_mut() {
             sfx.set_pass_costs(costs);
         }

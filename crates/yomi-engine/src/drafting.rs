@@ -9,10 +9,14 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use yomi_models::dflash::DFlash;
+use yomi_models::loader::{ModelFormat, detect_format};
+use yomi_models::mtp::Mtp;
+use yomi_models::safetensors_dir::SafetensorsDir;
 use yomi_spec::{Drafter, SuffixDrafter};
 
 use crate::dflash_drafter::{DFlashDrafter, DFlashSetup, DraftShape};
 use crate::engine::Engine;
+use crate::mtp_drafter::{MtpDrafter, MtpSetup};
 
 /// Which drafter proposes the tokens each pass verifies.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -24,6 +28,8 @@ pub enum DraftMode {
     Suffix,
     /// A DFlash drafter attached with [`Engine::attach_dflash`] (one block pass per round).
     DFlash,
+    /// The model's own MTP block, attached with [`Engine::attach_mtp`] (Qwen3.5/3.6).
+    Mtp,
 }
 
 impl FromStr for DraftMode {
@@ -33,8 +39,9 @@ impl FromStr for DraftMode {
             "none" => Ok(DraftMode::None),
             "suffix" => Ok(DraftMode::Suffix),
             "dflash" => Ok(DraftMode::DFlash),
+            "mtp" => Ok(DraftMode::Mtp),
             _ => Err(format!(
-                "unknown draft mode {s:?} (expected none, suffix or dflash)"
+                "unknown draft mode {s:?} (expected none, suffix, dflash or mtp)"
             )),
         }
     }
@@ -46,6 +53,7 @@ impl fmt::Display for DraftMode {
             DraftMode::None => "none",
             DraftMode::Suffix => "suffix",
             DraftMode::DFlash => "dflash",
+            DraftMode::Mtp => "mtp",
         })
     }
 }
@@ -54,8 +62,8 @@ impl Engine {
     /// A fresh drafter of kind `mode` for this engine's model, or `None` for plain decoding.
     /// Callers that serve many requests keep it between them (a suffix drafter learns from
     /// earlier outputs) and make a new one when [`Drafter::history_tokens`] grows too large.
-    /// DFlash without an attached drafter drafts nothing (plain decoding); the CLI and the
-    /// server refuse that combination before they get here.
+    /// DFlash or MTP without an attached drafter drafts nothing (plain decoding); the CLI and
+    /// the server refuse that combination before they get here.
     pub fn new_drafter(&self, mode: DraftMode) -> Option<Box<dyn Drafter>> {
         match mode {
             DraftMode::None => None,
@@ -64,13 +72,59 @@ impl Engine {
                 .dflash
                 .as_ref()
                 .map(|s| Box::new(DFlashDrafter::new(s.clone())) as Box<dyn Drafter>),
+            DraftMode::Mtp => self
+                .mtp
+                .as_ref()
+                .map(|s| Box::new(MtpDrafter::new(s.clone())) as Box<dyn Drafter>),
         }
+    }
+
+    /// Loads the model's own MTP block (Qwen3.5/3.6 `mtp.*` in a Hugging Face directory):
+    /// `--draft mtp` then drafts with it, `steps` deep, as a `shape` of draft.
+    pub fn attach_mtp(&mut self, shape: DraftShape, steps: usize) -> Result<()> {
+        let m = &self.model;
+        if m.host_matrices_released || m.accel.is_some() {
+            bail!("MTP drafting runs on the CPU backend for now: use --device cpu");
+        }
+        if steps == 0 {
+            bail!("MTP drafting needs at least one step");
+        }
+        let model = match detect_format(&self.path)? {
+            ModelFormat::HfDir => {
+                let src = SafetensorsDir::open(&self.path)?;
+                Mtp::load(&m.cfg, &src)
+            }
+            // llama.cpp's converter writes the block as `blk.L.nextn.*` beside the trunk's
+            // layer names; reading it needs its norms' stored form checked against a
+            // converted file first.
+            ModelFormat::Gguf => Err(anyhow::anyhow!(
+                "MTP drafting from GGUF files is not supported yet: use the model's Hugging \
+                 Face directory"
+            )),
+        }
+        .with_context(|| format!("cannot load the MTP block of {}", self.path.display()))?;
+        let head = m.lm_head.clone().unwrap_or_else(|| m.embed.clone());
+        self.mtp = Some(Arc::new(MtpSetup {
+            model,
+            embed: m.embed.clone(),
+            head,
+            shape,
+            steps,
+            context: self.context_size,
+        }));
+        Ok(())
     }
 
     /// The DFlash drafter attached with [`attach_dflash`](Self::attach_dflash), if any, to build
     /// a [`DFlashDrafter`] directly (e.g. to read its [`DFlashDrafter::times`]).
     pub fn dflash_setup(&self) -> Option<Arc<DFlashSetup>> {
         self.dflash.clone()
+    }
+
+    /// The MTP block attached with [`attach_mtp`](Self::attach_mtp), if any, to build an
+    /// [`MtpDrafter`] directly (e.g. to read its [`MtpDrafter::times`]).
+    pub fn mtp_setup(&self) -> Option<Arc<MtpSetup>> {
+        self.mtp.clone()
     }
 
     /// Loads the DFlash drafter in `dir` (z-lab's checkpoint format) for this engine's model:

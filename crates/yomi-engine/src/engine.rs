@@ -82,6 +82,8 @@ pub struct Engine {
     pub(crate) pass_cost: std::sync::Mutex<yomi_spec::PassCost>,
     /// The DFlash drafter attached with [`Engine::attach_dflash`], if any.
     pub(crate) dflash: Option<std::sync::Arc<crate::dflash_drafter::DFlashSetup>>,
+    /// The MTP block attached with [`Engine::attach_mtp`], if any.
+    pub(crate) mtp: Option<std::sync::Arc<crate::mtp_drafter::MtpSetup>>,
     /// The grammar compiler for this vocabulary, made by the first constrained request
     /// ([`Engine::constraint`]); the error when the vocabulary's bytes are unknown.
     pub(crate) grammars: std::sync::OnceLock<
@@ -168,6 +170,7 @@ impl Engine {
             pass_trace: opts.pass_trace,
             pass_cost: std::sync::Mutex::new(Default::default()),
             dflash: None,
+            mtp: None,
             grammars: std::sync::OnceLock::new(),
         })
     }

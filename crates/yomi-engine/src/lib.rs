@@ -4,11 +4,13 @@
 pub mod constraint;
 pub mod cuda;
 pub mod dflash_drafter;
+pub mod draft_cost;
 pub mod drafting;
 pub mod engine;
 pub mod generate;
 mod gguf_model;
 mod gguf_spm;
+pub mod mtp_drafter;
 mod pass_threads;
 pub mod perplexity;
 pub mod prefix_cache;
