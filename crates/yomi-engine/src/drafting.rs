@@ -8,11 +8,12 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use yomi_models::dflash::DFlash;
+use yomi_models::dflash::{DFlash, requantize_q8_0};
 use yomi_models::loader::{ModelFormat, detect_format};
 use yomi_models::mtp::Mtp;
 use yomi_models::safetensors_dir::SafetensorsDir;
 use yomi_spec::{Drafter, SuffixDrafter};
+use yomi_weights::WeightData;
 
 use crate::dflash_drafter::{DFlashDrafter, DFlashSetup, DraftShape};
 use crate::engine::Engine;
@@ -80,7 +81,9 @@ impl Engine {
     }
 
     /// Loads the model's own MTP block (Qwen3.5/3.6 `mtp.*` in a Hugging Face directory):
-    /// `--draft mtp` then drafts with it, `steps` deep, as a `shape` of draft.
+    /// `--draft mtp` then drafts with it, `steps` deep, as a `shape` of draft. Like a DFlash
+    /// drafter, the block is requantized to Q8_0 for the CPU's int8 kernels, and so is a copy
+    /// of a float LM head (each drafting step multiplies its new rows by it).
     pub fn attach_mtp(&mut self, shape: DraftShape, steps: usize) -> Result<()> {
         let m = &self.model;
         if m.host_matrices_released || m.accel.is_some() {
@@ -103,7 +106,19 @@ impl Engine {
             )),
         }
         .with_context(|| format!("cannot load the MTP block of {}", self.path.display()))?;
-        let head = m.lm_head.clone().unwrap_or_else(|| m.embed.clone());
+        let mut model = model;
+        model.matrices_mut().into_iter().for_each(requantize_q8_0);
+        // The head multiplies every drafted row: a float head gets a Q8_0 copy for drafting
+        // (the int8 kernels; the target's own head is untouched, so the output is not).
+        let mut head = m.lm_head.clone().unwrap_or_else(|| m.embed.clone());
+        if matches!(
+            head.data,
+            WeightData::F32(_) | WeightData::Bf16(_) | WeightData::F16(_)
+        ) {
+            let mut q = (*head).clone();
+            requantize_q8_0(&mut q);
+            head = Arc::new(q);
+        }
         self.mtp = Some(Arc::new(MtpSetup {
             model,
             embed: m.embed.clone(),

@@ -293,26 +293,13 @@ impl DFlash<Cpu> {
     /// drafts change by what 8-bit weights and ~16-bit activations change in the logits, never
     /// the output (the target verifies). Every width of a DFlash layer is a multiple of 32.
     pub fn quantize_q8_0(&mut self) {
-        use yomi_cpu::quant::Pack;
-        use yomi_weights::{QuantData, QuantType, WeightData};
         let mut ms: Vec<&mut yomi_weights::Matrix> = vec![&mut self.fc];
         for l in &mut self.layers {
             let (a, m) = (&mut l.attn, &mut l.mlp);
             ms.extend([&mut a.q, &mut a.k, &mut a.v, &mut a.o]);
             ms.extend([&mut m.gate, &mut m.up, &mut m.down]);
         }
-        for m in ms {
-            if !m.cols.is_multiple_of(QuantType::Q8_0.block_size()) {
-                continue;
-            }
-            let mut data = vec![0.0f32; m.rows * m.cols];
-            let mut buf = vec![0.0f32; m.cols];
-            for (r, row) in data.chunks_exact_mut(m.cols).enumerate() {
-                row.copy_from_slice(m.row_f32(r, &mut buf));
-            }
-            m.data = WeightData::Quant(QuantData::quantize(QuantType::Q8_0, m.rows, m.cols, &data));
-            m.pack();
-        }
+        ms.into_iter().for_each(requantize_q8_0);
     }
 
     /// Builds the drafter from any weight source, checking every tensor's name and shape.
@@ -594,4 +581,22 @@ impl<B: Backend> DFlash<B> {
         st.drafted = true;
         Ok(())
     }
+}
+
+/// Requantizes a matrix to Q8_0 in the CPU's packed layout (a drafter's weights, for the int8
+/// kernels: its drafts change by what 8-bit weights change, never the output). A matrix whose
+/// rows are not whole blocks of 32 is left as it is.
+pub fn requantize_q8_0(m: &mut yomi_weights::Matrix) {
+    use yomi_cpu::quant::Pack;
+    use yomi_weights::{QuantData, QuantType, WeightData};
+    if !m.cols.is_multiple_of(QuantType::Q8_0.block_size()) {
+        return;
+    }
+    let mut data = vec![0.0f32; m.rows * m.cols];
+    let mut buf = vec![0.0f32; m.cols];
+    for (r, row) in data.chunks_exact_mut(m.cols).enumerate() {
+        row.copy_from_slice(m.row_f32(r, &mut buf));
+    }
+    m.data = WeightData::Quant(QuantData::quantize(QuantType::Q8_0, m.rows, m.cols, &data));
+    m.pack();
 }
