@@ -7,7 +7,8 @@
 #
 #   bash bench/mtp_eval.sh [MODEL] [N_PROMPTS] [MAX_TOKENS]
 #
-# MODEL defaults to models/yomi-code-hybrid (run its restore_weights.sh first).
+# MODEL defaults to models/yomi-code-hybrid (run its restore_weights.sh first). The drafting
+# head covers the first 16,384 ids (`--mtp-vocab`'s default) but in `mtp chain 3 all`.
 # bench/spec_eval.py runs the modes in turns per prompt and prints one line per mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,5 +20,6 @@ python3 bench/spec_eval.py --yomi "${YOMI_BIN:-target/release/yomi}" --model "$m
     --mode "mtp chain 1=$mtp chain --mtp-steps 1" \
     --mode "mtp chain 2=$mtp chain --mtp-steps 2" \
     --mode "mtp chain 3=$mtp chain --mtp-steps 3" \
+    --mode "mtp chain 3 all=$mtp chain --mtp-steps 3 --mtp-vocab 0" \
     --mode "mtp tree 3=$mtp tree --mtp-steps 3" \
     --mode "mtp mixed 3=$mtp mixed --mtp-steps 3"

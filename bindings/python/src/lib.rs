@@ -501,8 +501,10 @@ impl Model {
         }
         // The model's own MTP block, as `yomi run --draft mtp --mtp-steps N` attaches it.
         if let Some(steps) = mtp_steps {
-            py.detach(|| engine.attach_mtp(shape, steps))
-                .map_err(engine_err)?;
+            py.detach(|| {
+                engine.attach_mtp(shape, steps, yomi_engine::mtp_drafter::DEFAULT_DRAFT_VOCAB)
+            })
+            .map_err(engine_err)?;
         }
         if let Some(note) = note {
             let warning = py.get_type::<pyo3::exceptions::PyRuntimeWarning>();

@@ -9,11 +9,13 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use yomi_models::dflash::{DFlash, requantize_q8_0};
+use yomi_models::gguf::GgufFile;
+use yomi_models::gguf_source::GgufSource;
 use yomi_models::loader::{ModelFormat, detect_format};
-use yomi_models::mtp::Mtp;
+use yomi_models::mtp::{Mtp, MtpNames};
 use yomi_models::safetensors_dir::SafetensorsDir;
 use yomi_spec::{Drafter, SuffixDrafter};
-use yomi_weights::WeightData;
+use yomi_weights::{Matrix, WeightData};
 
 use crate::dflash_drafter::{DFlashDrafter, DFlashSetup, DraftShape};
 use crate::engine::Engine;
@@ -80,11 +82,15 @@ impl Engine {
         }
     }
 
-    /// Loads the model's own MTP block (Qwen3.5/3.6 `mtp.*` in a Hugging Face directory):
+    /// Loads the model's own MTP block (Qwen3.5/3.6 `mtp.*` in a Hugging Face directory,
+    /// `blk.L.nextn.*` and layer L in a GGUF file from llama.cpp's converter):
     /// `--draft mtp` then drafts with it, `steps` deep, as a `shape` of draft. Like a DFlash
-    /// drafter, the block is requantized to Q8_0 for the CPU's int8 kernels, and so is a copy
-    /// of a float LM head (each drafting step multiplies its new rows by it).
-    pub fn attach_mtp(&mut self, shape: DraftShape, steps: usize) -> Result<()> {
+    /// drafter, the block is requantized to Q8_0 for the CPU's int8 kernels, and so is the copy
+    /// of the LM head it drafts with (each drafting step multiplies its new rows by it): the
+    /// whole head, or with `vocab` > 0 its first `vocab` rows only (byte-level BPE vocabularies
+    /// number their tokens roughly by frequency, so the first ids cover most text: a step then
+    /// costs a fraction of the head, and tokens past the cut are never drafted).
+    pub fn attach_mtp(&mut self, shape: DraftShape, steps: usize, vocab: usize) -> Result<()> {
         let m = &self.model;
         if m.host_matrices_released || m.accel.is_some() {
             bail!("MTP drafting runs on the CPU backend for now: use --device cpu");
@@ -95,30 +101,25 @@ impl Engine {
         let model = match detect_format(&self.path)? {
             ModelFormat::HfDir => {
                 let src = SafetensorsDir::open(&self.path)?;
-                Mtp::load(&m.cfg, &src)
+                Mtp::load(&m.cfg, &src, MtpNames::HuggingFace)
             }
-            // llama.cpp's converter writes the block as `blk.L.nextn.*` beside the trunk's
-            // layer names; reading it needs its norms' stored form checked against a
-            // converted file first.
-            ModelFormat::Gguf => Err(anyhow::anyhow!(
-                "MTP drafting from GGUF files is not supported yet: use the model's Hugging \
-                 Face directory"
-            )),
+            ModelFormat::Gguf => {
+                let file = GgufFile::open(&self.path)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", self.path.display()))?;
+                let src = GgufSource::new(&file, &m.cfg);
+                Mtp::load(&m.cfg, &src, MtpNames::Gguf)
+            }
         }
         .with_context(|| format!("cannot load the MTP block of {}", self.path.display()))?;
         let mut model = model;
         model.matrices_mut().into_iter().for_each(requantize_q8_0);
-        // The head multiplies every drafted row: a float head gets a Q8_0 copy for drafting
-        // (the int8 kernels; the target's own head is untouched, so the output is not).
-        let mut head = m.lm_head.clone().unwrap_or_else(|| m.embed.clone());
-        if matches!(
-            head.data,
-            WeightData::F32(_) | WeightData::Bf16(_) | WeightData::F16(_)
-        ) {
-            let mut q = (*head).clone();
-            requantize_q8_0(&mut q);
-            head = Arc::new(q);
-        }
+        let target_head = m.lm_head.as_deref().unwrap_or(&m.embed);
+        let rows = if vocab == 0 {
+            target_head.rows
+        } else {
+            vocab.min(target_head.rows)
+        };
+        let head = Arc::new(draft_head(target_head, rows));
         self.mtp = Some(Arc::new(MtpSetup {
             model,
             embed: m.embed.clone(),
@@ -173,4 +174,18 @@ impl Engine {
         }));
         Ok(())
     }
+}
+
+/// The first `rows` rows of `head` as a Q8_0 matrix in the CPU's packed layout (as f32 where
+/// its rows are not whole blocks of 32).
+fn draft_head(head: &Matrix, rows: usize) -> Matrix {
+    let cols = head.cols;
+    let mut data = vec![0.0f32; rows * cols];
+    let mut buf = vec![0.0f32; cols];
+    for (r, row) in data.chunks_exact_mut(cols).enumerate() {
+        row.copy_from_slice(head.row_f32(r, &mut buf));
+    }
+    let mut m = Matrix::new(rows, cols, WeightData::F32(data));
+    requantize_q8_0(&mut m);
+    m
 }

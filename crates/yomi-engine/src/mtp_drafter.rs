@@ -42,6 +42,11 @@ pub const TOP_K: usize = 8;
 pub const WIDTH: usize = 4;
 /// Drafting steps (depths) by default.
 pub const DEFAULT_STEPS: usize = 3;
+/// Token ids a drafting step's LM head covers by default (the first ones; see
+/// `Engine::attach_mtp`). On the code model's tuning prompts (transformers' source, neither
+/// trained on nor evaluated) 16,384 of its 49,152 ids kept 94 % of the full head's tokens per
+/// pass at a third of its cost per step: 1.30× plain decoding against 1.13× (2-core VM).
+pub const DEFAULT_DRAFT_VOCAB: usize = 16_384;
 /// Weight of the past in the time of one drafting step, per round.
 const STEP_DECAY: f64 = 0.8;
 

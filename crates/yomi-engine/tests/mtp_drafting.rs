@@ -58,7 +58,7 @@ fn engine(mtp: Option<DraftShape>) -> Engine {
     };
     let mut e = Engine::load(&model_dir(), &opts, &mut |_, _| {}).expect("load the model");
     if let Some(shape) = mtp {
-        e.attach_mtp(shape, 3).expect("attach the MTP block");
+        e.attach_mtp(shape, 3, 0).expect("attach the MTP block");
     }
     e
 }
@@ -239,7 +239,7 @@ fn mtp_is_refused_where_there_is_no_block() {
         ("tests/data/llama-tiny", "Qwen3.5"),
     ] {
         let mut e = Engine::load(&repo(path), &opts, &mut |_, _| {}).expect("load");
-        let err = e.attach_mtp(DraftShape::Tree, 3).expect_err(path);
+        let err = e.attach_mtp(DraftShape::Tree, 3, 0).expect_err(path);
         assert!(format!("{err:#}").contains(why), "{path}: {err:#}");
         assert!(e.new_drafter(DraftMode::Mtp).is_none());
     }

@@ -122,6 +122,13 @@ fn gguf_name(arch: Arch, hf: &str) -> Option<String> {
         "linear_attn.dt_bias" => "ssm_dt.bias",
         "linear_attn.norm.weight" => "ssm_norm.weight",
         "linear_attn.out_proj.weight" => "ssm_out.weight",
+        // An MTP block beside the trunk, under the names llama.cpp's converter gives it before
+        // its tensor map (`mtp.fc` → `model.layers.{L}.eh_proj`, the norms likewise; the
+        // block's decoder layer is layer L itself).
+        "eh_proj.weight" => "nextn.eh_proj.weight",
+        "enorm.weight" => "nextn.enorm.weight",
+        "hnorm.weight" => "nextn.hnorm.weight",
+        "shared_head.norm.weight" => "nextn.shared_head_norm.weight",
         // `A_log` has no counterpart: GGUF stores −exp(A_log) as `ssm_a`, read through
         // `gdn_neg_exp_a`, never as if it were A_log.
         _ => return None,
@@ -727,6 +734,26 @@ mod tests {
             .as_deref(),
             Some("blk.2.post_attention_norm.weight")
         );
+        // An MTP block after 8 trunk layers, as llama.cpp's converter names it (seen in a
+        // file it wrote from models/yomi-code-hybrid: `blk.8.nextn.eh_proj.weight`, …).
+        for (hf, gg) in [
+            (
+                "model.layers.8.eh_proj.weight",
+                "blk.8.nextn.eh_proj.weight",
+            ),
+            ("model.layers.8.enorm.weight", "blk.8.nextn.enorm.weight"),
+            ("model.layers.8.hnorm.weight", "blk.8.nextn.hnorm.weight"),
+            (
+                "model.layers.8.shared_head.norm.weight",
+                "blk.8.nextn.shared_head_norm.weight",
+            ),
+            (
+                "model.layers.8.self_attn.q_proj.weight",
+                "blk.8.attn_q.weight",
+            ),
+        ] {
+            assert_eq!(gguf_name(Arch::Qwen35, hf).as_deref(), Some(gg), "{hf}");
+        }
     }
 
     /// The converter's forward transform, written from its description (qwen35.md §4.2):

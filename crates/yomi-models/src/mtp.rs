@@ -93,10 +93,52 @@ impl<B: Backend> MtpState<B> {
     }
 }
 
+/// Where a block's tensors are: `mtp.*` in Hugging Face files; in a GGUF file (llama.cpp's
+/// converter) block j is layer L + j of the trunk's numbering, with `fc` and the three norms
+/// as `nextn.*` of layer L, asked for here under the names the converter gives them before
+/// its tensor map (`model.layers.{L}.eh_proj.weight`, …), which the GGUF source maps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MtpNames {
+    HuggingFace,
+    Gguf,
+}
+
+impl MtpNames {
+    fn layer(self, cfg: &ModelConfig, j: usize) -> String {
+        match self {
+            MtpNames::HuggingFace => format!("mtp.layers.{j}"),
+            MtpNames::Gguf => format!("model.layers.{}", cfg.num_layers + j),
+        }
+    }
+
+    /// `fc`, `pre_fc_norm_embedding`, `pre_fc_norm_hidden`, `norm`.
+    fn parts(self, cfg: &ModelConfig) -> [String; 4] {
+        match self {
+            MtpNames::HuggingFace => [
+                "mtp.fc.weight".into(),
+                "mtp.pre_fc_norm_embedding.weight".into(),
+                "mtp.pre_fc_norm_hidden.weight".into(),
+                "mtp.norm.weight".into(),
+            ],
+            MtpNames::Gguf => {
+                let p = format!("model.layers.{}", cfg.num_layers);
+                [
+                    format!("{p}.eh_proj.weight"),
+                    format!("{p}.enorm.weight"),
+                    format!("{p}.hnorm.weight"),
+                    format!("{p}.shared_head.norm.weight"),
+                ]
+            }
+        }
+    }
+}
+
 impl Mtp<Cpu> {
-    /// Loads the MTP block of a Qwen3.5/3.6 model from its Hugging Face weights (`mtp.*`).
-    /// Errors name what is missing: a model without one, or a tensor of the wrong shape.
-    pub fn load(cfg: &ModelConfig, src: &dyn WeightSource) -> Result<Self> {
+    /// Loads the MTP block of a Qwen3.5/3.6 model from its weights (`names`: where the file
+    /// format keeps them). Errors name what is missing: a model without one, or a tensor of
+    /// the wrong shape. The norms are (1 + w) as the trunk's: GGUF files store them with the
+    /// 1 added, as they do the trunk's.
+    pub fn load(cfg: &ModelConfig, src: &dyn WeightSource, names: MtpNames) -> Result<Self> {
         if cfg.arch != Arch::Qwen35 {
             bail!(
                 "MTP drafting needs a Qwen3.5/3.6 model; this one is {:?}",
@@ -106,18 +148,19 @@ impl Mtp<Cpu> {
         if cfg.mtp_layers == 0 {
             bail!("the model has no MTP block (config: mtp_num_hidden_layers is 0 or absent)");
         }
-        if !src.has("mtp.fc.weight") {
+        let [fc_name, ne, nh, nn] = names.parts(cfg);
+        if !src.has(&fc_name) {
             bail!(
-                "the model's config declares an MTP block but its weights lack `mtp.fc.weight` \
-                 (saved without it?)"
+                "the model's config declares an MTP block but its weights lack `{fc_name}` \
+                 (saved or converted without it?)"
             );
         }
         let h = cfg.hidden_size;
-        let fc = src.matrix("mtp.fc.weight", h, 2 * h)?;
+        let fc = src.matrix(&fc_name, h, 2 * h)?;
         let (fc_embed, fc_hidden) = split_columns(&fc);
         let layers = (0..cfg.mtp_layers)
             .map(|j| {
-                let p = format!("mtp.layers.{j}");
+                let p = names.layer(cfg, j);
                 crate::model::load_layer(cfg, src, &p, LayerKind::Attention)
             })
             .collect::<Result<Vec<_>>>()?;
@@ -127,10 +170,10 @@ impl Mtp<Cpu> {
         Ok(Mtp {
             fc_embed,
             fc_hidden,
-            norm_embed: src.norm_plus_one("mtp.pre_fc_norm_embedding.weight", h)?,
-            norm_hidden: src.norm_plus_one("mtp.pre_fc_norm_hidden.weight", h)?,
+            norm_embed: src.norm_plus_one(&ne, h)?,
+            norm_hidden: src.norm_plus_one(&nh, h)?,
             layers,
-            norm: src.norm_plus_one("mtp.norm.weight", h)?,
+            norm: src.norm_plus_one(&nn, h)?,
             rope: Rope::new(cfg.rope_theta, cfg.rotary_dim, &cfg.rope_scaling),
             trunk_layers: cfg.num_layers,
             cfg: block_cfg,

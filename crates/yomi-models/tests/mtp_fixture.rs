@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use common::*;
 use yomi_core::TreeBatch;
 use yomi_cpu::backend::Cpu;
-use yomi_models::mtp::{Mtp, MtpRows, MtpState};
+use yomi_models::mtp::{Mtp, MtpNames, MtpRows, MtpState};
 use yomi_models::safetensors_dir::SafetensorsDir;
 use yomi_models::{HiddenTaps, LogitRows, Model, ModelConfig, State};
 use yomi_weights::Matrix;
@@ -29,7 +29,10 @@ fn load_pair() -> (Model, Mtp) {
     let cfg = ModelConfig::from_hf_dir(&mtp_dir()).unwrap();
     assert_eq!(cfg.mtp_layers, 1);
     let src = SafetensorsDir::open(&mtp_dir()).unwrap();
-    (target, Mtp::load(&cfg, &src).unwrap())
+    (
+        target,
+        Mtp::load(&cfg, &src, MtpNames::HuggingFace).unwrap(),
+    )
 }
 
 fn head(m: &Model) -> &Matrix {
@@ -224,18 +227,27 @@ fn models_without_a_block_are_refused() {
     let tiny = shared_fixture("qwen35-tiny");
     let cfg = ModelConfig::from_hf_dir(&tiny).unwrap();
     let src = SafetensorsDir::open(&tiny).unwrap();
-    let e = Mtp::load(&cfg, &src).err().unwrap().to_string();
+    let e = Mtp::load(&cfg, &src, MtpNames::HuggingFace)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("no MTP block"), "{e}");
     // A config that declares one over weights without it.
     let mut with = cfg.clone();
     with.mtp_layers = 1;
-    let e = Mtp::load(&with, &src).err().unwrap().to_string();
+    let e = Mtp::load(&with, &src, MtpNames::HuggingFace)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("mtp.fc.weight"), "{e}");
     // Not a Qwen3.5 model.
     let llama = test_data("llama-tiny");
     let cfg = ModelConfig::from_hf_dir(&llama).unwrap();
     let src = SafetensorsDir::open(&llama).unwrap();
-    let e = Mtp::load(&cfg, &src).err().unwrap().to_string();
+    let e = Mtp::load(&cfg, &src, MtpNames::HuggingFace)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("Qwen3.5"), "{e}");
 }
 
