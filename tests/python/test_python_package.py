@@ -159,6 +159,36 @@ def test_dflash_drafting_matches_plain_decoding(model):
         yomi.Model(str(MODEL_DIR), device="cpu", draft_model=str(ROOT / "no-such-drafter"))
 
 
+HYBRID = ROOT / "models" / "yomi-code-hybrid"
+
+
+def hybrid_dir() -> Path:
+    """models/yomi-code-hybrid with its weight shards (kept in git history: restored here)."""
+    if not all((HYBRID / f"model-0000{i}-of-00003.safetensors").is_file() for i in (1, 2, 3)):
+        subprocess.run(["bash", str(HYBRID / "restore_weights.sh")], check=True,
+                       capture_output=True, timeout=300)
+    return HYBRID
+
+
+def test_mtp_drafting_matches_plain_decoding(model):
+    """`mtp_steps=` attaches the model's own MTP block (yomi-code-hybrid's, trained with it):
+    `draft="mtp"` gives plain decoding's tokens, greedy and seeded, and drafts (more than one
+    token per pass). Without the block attached, "mtp" is an error."""
+    path = str(hybrid_dir())
+    prompt = "import os\n\n\ndef list_files(path):\n    \"\"\"Return the files under path.\"\"\""
+    plain_model = yomi.Model(path, device="cpu")
+    drafted = yomi.Model(path, device="cpu", mtp_steps=3, draft_tree="chain")
+    for kw in ({"temperature": 0}, {"temperature": 0.8, "top_p": 0.95, "seed": 7}):
+        plain = plain_model.generate(prompt, max_tokens=48, draft="none", **kw)
+        got = drafted.generate(prompt, max_tokens=48, draft="mtp", **kw)
+        assert got.tokens == plain.tokens, kw
+    assert got.stats["tokens_per_forward_pass"] > 1.0
+    with pytest.raises(ValueError, match="mtp_steps"):
+        plain_model.generate(prompt, draft="mtp")
+    with pytest.raises(yomi.YomiError, match="MTP"):
+        yomi.Model(str(MODEL_DIR), device="cpu", mtp_steps=3)
+
+
 def test_bad_arguments_raise(model):
     with pytest.raises(ValueError, match="temperature"):
         model.generate(PROMPT, temperature=-1)
