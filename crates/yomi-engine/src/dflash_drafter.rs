@@ -14,7 +14,7 @@
 //! the drafting included. Committed rows reach the drafter's context in batches, just before
 //! the next block pass, so that rounds without drafting pay little for it.
 //!
-//! **Mixed trees** ([`DraftShape::Mixed`]): a [`SuffixDrafter`] runs beside the block every
+//! **Mixed trees** ([`DraftShape::Mixed`]): a [`yomi_spec::SuffixDrafter`] runs beside the block every
 //! round, and where it has a continuation worth its rows (by its own estimates and the same
 //! pass costs) its branch joins the DFlash tree in the same pass; the block's tree fills the
 //! rest of the budget, and nodes both propose are verified once. Each drafter learns from the
@@ -33,12 +33,11 @@ use std::time::Instant;
 
 use yomi_cpu::backend::Cpu;
 use yomi_models::dflash::{DFlash, DFlashState};
-use yomi_spec::{DraftTree, Drafter, SuffixDrafter};
+use yomi_spec::{DraftTree, Drafter};
 use yomi_weights::Matrix;
 
 pub mod backoff;
-use crate::draft_cost::VerifyCost;
-use backoff::Backoff;
+use crate::draft_rounds::{DraftRounds, push_preorder};
 
 /// How a DFlash block becomes a draft.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -130,31 +129,13 @@ pub struct DFlashDrafter {
     features: Vec<f32>,
     /// Per drafted position, its top candidates (token, probability), best first.
     top: Vec<Vec<(u32, f32)>>,
-    /// The verify pass's cost by its drafts.
-    verify: VerifyCost,
     /// The context no longer fits: propose nothing until the next request.
     full: bool,
     times: DraftTimes,
-    /// When drafting pays and how deep.
-    backoff: Backoff,
-    /// The one-row pass time (seconds), once the engine has measured it.
-    one_row: Option<f64>,
-    /// Before that, whether this round is left to a one-row pass (every other round).
-    timing_turn: bool,
+    /// The verify cost, the back-off, the suffix branch and learning from each round.
+    rounds: DraftRounds,
     /// The decayed mean time of the LM head and the ranking per drafted position (seconds).
     head_row: Option<f64>,
-    /// The round being verified, until its accepted tokens are committed.
-    round: Option<Round>,
-    /// The engine's outcome of that round: (accepted drafts, proposed drafts).
-    outcome: Option<(usize, usize)>,
-    /// The suffix drafter of a mixed tree.
-    suffix: Option<SuffixDrafter>,
-    /// The round's proposals, both rooted at the anchor: the suffix drafter's and the block's
-    /// (merged into the draft).
-    stree: DraftTree,
-    dtree: DraftTree,
-    /// The round's summed draft scores per depth (index d − 1).
-    depth_scores: Vec<f32>,
     /// Committed rows waiting in `features` for the context: `pending` rows from position
     /// `pending_start`.
     pending_start: usize,
@@ -167,15 +148,6 @@ pub struct DFlashDrafter {
 /// A row's `k` best tokens with their probabilities, best first.
 type RankRow = fn(&[f32], usize, &mut Vec<(u32, f32)>);
 
-/// A proposed round: whether the block drafted, the drafts proposed in all, and the block's
-/// drafting time (seconds).
-#[derive(Clone, Copy, Debug)]
-struct Round {
-    dflash: bool,
-    drafts: usize,
-    secs: f64,
-}
-
 impl DFlashDrafter {
     pub fn new(setup: Arc<DFlashSetup>) -> Self {
         let state = setup.model.new_state(&Cpu, setup.context);
@@ -187,19 +159,10 @@ impl DFlashDrafter {
             logits: Vec::new(),
             features: Vec::new(),
             top: Vec::new(),
-            verify: VerifyCost::default(),
             full: false,
             times: DraftTimes::default(),
-            backoff: Backoff::default(),
-            one_row: None,
-            timing_turn: false,
+            rounds: DraftRounds::new(mixed),
             head_row: None,
-            round: None,
-            outcome: None,
-            suffix: mixed.then(SuffixDrafter::default),
-            stree: DraftTree::new(),
-            dtree: DraftTree::new(),
-            depth_scores: Vec::new(),
             pending_start: 0,
             pending: 0,
             rank_row: yomi_cpu::top_k::top_k_softmax,
@@ -213,18 +176,16 @@ impl DFlashDrafter {
 
     /// What a pass with `n` drafts costs, in one-row passes.
     fn cost(&self, n: usize) -> f32 {
-        self.verify.cost(n)
+        self.rounds.cost(n)
     }
 
-    /// [`VerifyCost::best_count`] with this drafter's calibration.
     fn best_count(
         &self,
         scores: impl Iterator<Item = (usize, f32)>,
         fixed: f32,
         extra: usize,
     ) -> usize {
-        self.verify
-            .best_count(scores, fixed, extra, |d| self.backoff.calibration(d))
+        self.rounds.best_count(scores, fixed, extra)
     }
 
     /// Adds the committed rows that wait to the context.
@@ -255,7 +216,7 @@ impl DFlashDrafter {
     }
 
     fn propose_chain(&mut self, budget: usize, fixed: f32, extra: usize) {
-        let mut scores = std::mem::take(&mut self.depth_scores);
+        let mut scores = std::mem::take(&mut self.rounds.depth_scores);
         scores.clear();
         scores.extend(self.top.iter().take(budget).scan(1.0f32, |s, t| {
             *s *= t[0].1;
@@ -267,10 +228,10 @@ impl DFlashDrafter {
             extra,
         );
         scores.truncate(n);
-        self.depth_scores = scores;
+        self.rounds.depth_scores = scores;
         let mut parent = 0;
         for t in &self.top[..n] {
-            parent = self.dtree.push(parent, t[0].0);
+            parent = self.rounds.dtree.push(parent, t[0].0);
         }
     }
 
@@ -312,26 +273,11 @@ impl DFlashDrafter {
         // best prefix is a tree.
         let n = self.best_count(nodes[1..].iter().map(|x| (x.1, x.3)), fixed, extra);
         nodes.truncate(n + 1);
-        // The chance of reaching a depth: its nodes' paths are disjoint events.
-        self.depth_scores.clear();
-        for x in &nodes[1..] {
-            if self.depth_scores.len() < x.1 {
-                self.depth_scores.resize(x.1, 0.0);
-            }
-            self.depth_scores[x.1 - 1] += x.3;
-        }
-        self.depth_scores.iter_mut().for_each(|s| *s = s.min(1.0));
+        self.rounds
+            .record_scores(nodes[1..].iter().map(|x| (x.1, x.3)));
         // Depth-first preorder, children in the order they were added (best first).
-        let mut children: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
-        for (i, x) in nodes.iter().enumerate().skip(1) {
-            children[x.0].push(i);
-        }
-        let mut row = vec![0usize; nodes.len()];
-        let mut stack: Vec<usize> = children[0].iter().rev().copied().collect();
-        while let Some(i) = stack.pop() {
-            row[i] = self.dtree.push(row[nodes[i].0], nodes[i].2);
-            stack.extend(children[i].iter().rev());
-        }
+        let kept = nodes.iter().enumerate().skip(1).map(|(i, x)| (i, x.0, x.2));
+        push_preorder(&mut self.rounds.dtree, nodes.len(), kept);
     }
 }
 
@@ -387,10 +333,12 @@ impl DFlashDrafter {
         }
         let t2 = Instant::now();
         let most = (s.model.cfg.block_size - 1).min(budget);
-        let positions = match (self.one_row, self.head_row) {
-            (Some(one), Some(head)) => self
-                .backoff
-                .positions(most, (head / one) as f32, |n| self.cost(extra + n)),
+        let positions = match (self.rounds.one_row, self.head_row) {
+            (Some(one), Some(head)) => {
+                self.rounds
+                    .backoff
+                    .positions(most, (head / one) as f32, |n| self.cost(extra + n))
+            }
             _ => most,
         };
         if s.model
@@ -405,6 +353,7 @@ impl DFlashDrafter {
         self.rank(positions, s.model.cfg.vocab_size);
         let t4 = Instant::now();
         let fixed = self
+            .rounds
             .one_row
             .map_or(0.0, |one| ((t4 - t0).as_secs_f64() / one) as f32);
         match s.shape {
@@ -424,36 +373,6 @@ impl DFlashDrafter {
         t.rank += (t4 - t3).as_secs_f64();
         t.shape += t4.elapsed().as_secs_f64();
         Some(t0.elapsed().as_secs_f64())
-    }
-
-    /// Learns from a verified round whose accepted drafts were `path`.
-    fn settle(&mut self, round: Round, proposed: usize, path: &[u32]) {
-        let (ks, kd) = (
-            accepted_depth(&self.stree, path),
-            accepted_depth(&self.dtree, path),
-        );
-        let ns = self.stree.num_drafts();
-        if let Some(sfx) = self.suffix.as_mut()
-            && ns > 0
-        {
-            sfx.observe(ks, ns);
-        }
-        if !round.dflash {
-            return;
-        }
-        // A draft the engine cut (the output's end) has depths the scores no longer match.
-        let scores: &[f32] = if proposed == round.drafts {
-            &self.depth_scores
-        } else {
-            &[]
-        };
-        // Against the round it replaced (the suffix branch alone, or a plain pass): the
-        // tokens the block added beyond that branch for its drafting and the rows it added.
-        let gain = self.one_row.map(|one| {
-            let rows = self.cost(proposed) - self.cost(ns.min(proposed));
-            Backoff::gain_of(kd.max(ks) - ks, (round.secs / one) as f32 + rows)
-        });
-        self.backoff.observe(kd, scores, gain);
     }
 }
 
@@ -517,72 +436,36 @@ pub(crate) fn merge(a: &DraftTree, b: &DraftTree, out: &mut DraftTree) {
 
 impl Drafter for DFlashDrafter {
     fn propose(&mut self, context: &[u32], budget: usize, out: &mut DraftTree) {
-        let Some(&anchor) = context.last() else {
+        let Some(plan) = self.rounds.begin(context, budget, out, !self.full) else {
             return;
         };
-        out.reset(anchor);
-        self.stree.reset(anchor);
-        self.dtree.reset(anchor);
-        self.round = None;
-        self.outcome = None;
-        if budget == 0 {
-            return;
-        }
-        if let Some(sfx) = self.suffix.as_mut() {
-            sfx.propose(context, budget, &mut self.stree);
-        }
-        let extra = self.stree.num_drafts().min(budget);
-        let room = budget - extra;
-        // Until the engine has timed one-row passes (three, outside its thread-count probes)
-        // every other round is one, so that the drafter can weigh its work from early on.
-        let timing = self.one_row.is_none() && {
-            self.timing_turn = !self.timing_turn;
-            self.timing_turn
-        };
-        let dflash = if self.full || room == 0 {
-            false
-        } else if !timing && self.backoff.should_draft() {
-            true
-        } else {
+        if plan.skipped {
             self.times.skipped += 1;
-            false
-        };
-        let secs = if dflash {
-            self.draft_block(context, room, extra)
+        }
+        let secs = if plan.draft {
+            self.draft_block(context, plan.room, plan.extra)
         } else {
             None
         };
-        merge(&self.dtree, &self.stree, out);
-        if secs.is_some() || extra > 0 {
-            self.round = Some(Round {
-                dflash: secs.is_some(),
-                drafts: out.num_drafts(),
-                secs: secs.unwrap_or(0.0),
-            });
-        }
+        self.rounds.finish(out, secs);
     }
 
     fn observe(&mut self, accepted: usize, proposed: usize) {
-        if self.round.is_some_and(|r| r.dflash) {
+        if self.rounds.observe(accepted, proposed) {
             self.times.drafts += proposed as u64;
             self.times.accepted += accepted as u64;
         }
-        self.outcome = Some((accepted, proposed));
     }
 
     fn start_request(&mut self) {
         self.state.reset();
         self.full = false;
         self.pending = 0;
-        self.round = None;
-        self.outcome = None;
-        if let Some(sfx) = self.suffix.as_mut() {
-            sfx.start_request();
-        }
+        self.rounds.start_request();
     }
 
     fn history_tokens(&self) -> usize {
-        self.suffix.as_ref().map_or(0, |s| s.history_tokens())
+        self.rounds.history_tokens()
     }
 
     fn hidden_points(&self) -> &[usize] {
@@ -591,9 +474,7 @@ impl Drafter for DFlashDrafter {
 
     fn committed(&mut self, start: usize, tokens: &[u32], hidden: &[&[f32]]) {
         // After a verify pass: the root and the accepted drafts.
-        if let (Some(round), Some((_, proposed))) = (self.round.take(), self.outcome.take()) {
-            self.settle(round, proposed, tokens.get(1..).unwrap_or(&[]));
-        }
+        self.rounds.committed(tokens);
         let n = tokens.len();
         if self.full || n == 0 || hidden.len() != self.points.len() {
             return;
@@ -619,30 +500,19 @@ impl Drafter for DFlashDrafter {
     }
 
     fn set_row_cost(&mut self, relative: f32) {
-        self.verify.set_row_cost(relative);
-        if let Some(sfx) = self.suffix.as_mut() {
-            sfx.set_row_cost(relative);
-        }
+        self.rounds.set_row_cost(relative);
     }
 
     fn set_row_cost_growth(&mut self, growth: f32) {
-        self.verify.set_growth(growth);
-        if let Some(sfx) = self.suffix.as_mut() {
-            sfx.set_row_cost_growth(growth);
-        }
+        self.rounds.set_row_cost_growth(growth);
     }
 
     fn set_pass_costs(&mut self, costs: &[f32]) {
-        self.verify.set_costs(costs);
-        if let Some(sfx) = self.suffix.as_mut() {
-            sfx.set_pass_costs(costs);
-        }
+        self.rounds.set_pass_costs(costs);
     }
 
     fn set_pass_seconds(&mut self, one_row: f64) {
-        if one_row.is_finite() && one_row > 0.0 {
-            self.one_row = Some(one_row);
-        }
+        self.rounds.set_pass_seconds(one_row);
     }
 }
 
@@ -656,6 +526,7 @@ mod tests {
     use crate::{Engine, EngineOptions, GenerateParams};
     use yomi_core::SamplerParams;
     use yomi_models::KvDtype;
+    use yomi_spec::SuffixDrafter;
 
     fn repo(path: &str) -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))

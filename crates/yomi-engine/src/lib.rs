@@ -5,6 +5,7 @@ pub mod constraint;
 pub mod cuda;
 pub mod dflash_drafter;
 pub mod draft_cost;
+mod draft_rounds;
 pub mod drafting;
 pub mod engine;
 pub mod generate;

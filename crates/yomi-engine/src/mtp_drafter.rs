@@ -29,12 +29,11 @@ use std::time::Instant;
 use yomi_core::TreeBatch;
 use yomi_cpu::backend::Cpu;
 use yomi_models::mtp::{Mtp, MtpRows, MtpState};
-use yomi_spec::{DraftTree, Drafter, SuffixDrafter};
+use yomi_spec::{DraftTree, Drafter};
 use yomi_weights::Matrix;
 
-use crate::dflash_drafter::backoff::Backoff;
-use crate::dflash_drafter::{DraftShape, accepted_depth, merge};
-use crate::draft_cost::VerifyCost;
+use crate::dflash_drafter::DraftShape;
+use crate::draft_rounds::{DraftRounds, push_preorder};
 
 /// Candidates per expanded node.
 pub const TOP_K: usize = 8;
@@ -93,15 +92,6 @@ struct Node {
     row: Option<usize>,
 }
 
-/// A proposed round: whether the block drafted, the drafts proposed in all, and the block's
-/// drafting time (seconds).
-#[derive(Clone, Copy, Debug)]
-struct Round {
-    mtp: bool,
-    drafts: usize,
-    secs: f64,
-}
-
 /// One drafting sequence's MTP state.
 pub struct MtpDrafter {
     setup: Arc<MtpSetup>,
@@ -126,18 +116,10 @@ pub struct MtpDrafter {
     nodes: Vec<Node>,
     /// The block's cache is full: propose nothing until the next request.
     full: bool,
-    verify: VerifyCost,
-    backoff: Backoff,
-    one_row: Option<f64>,
-    timing_turn: bool,
+    /// The verify cost, the back-off, the suffix branch and learning from each round.
+    rounds: DraftRounds,
     /// The decayed mean time of one drafting step (seconds).
     step_secs: Option<f64>,
-    round: Option<Round>,
-    outcome: Option<(usize, usize)>,
-    depth_scores: Vec<f32>,
-    suffix: Option<SuffixDrafter>,
-    stree: DraftTree,
-    dtree: DraftTree,
     times: MtpTimes,
 }
 
@@ -166,17 +148,8 @@ impl MtpDrafter {
             top: Vec::new(),
             nodes: Vec::new(),
             full: false,
-            verify: VerifyCost::default(),
-            backoff: Backoff::default(),
-            one_row: None,
-            timing_turn: false,
+            rounds: DraftRounds::new(mixed),
             step_secs: None,
-            round: None,
-            outcome: None,
-            depth_scores: Vec::new(),
-            suffix: mixed.then(SuffixDrafter::default),
-            stree: DraftTree::new(),
-            dtree: DraftTree::new(),
             times: MtpTimes::default(),
         }
     }
@@ -295,12 +268,12 @@ impl MtpDrafter {
             frontier.sort_by(|&a, &b| self.nodes[b].score.total_cmp(&self.nodes[a].score));
             frontier.truncate(if chain { 1 } else { WIDTH });
             // A step pays only if its best node is likely enough to be reached.
-            let step_cost = match (self.one_row, self.step_secs) {
+            let step_cost = match (self.rounds.one_row, self.step_secs) {
                 (Some(one), Some(step)) => (step / one) as f32,
                 _ => 0.0,
             };
             let best = frontier.first().map_or(0.0, |&i| {
-                self.nodes[i].score * self.backoff.calibration(depth)
+                self.nodes[i].score * self.rounds.backoff.calibration(depth)
             });
             if frontier.is_empty() || best <= step_cost {
                 break;
@@ -331,6 +304,7 @@ impl MtpDrafter {
         }
         let tr = Instant::now();
         let fixed = self
+            .rounds
             .one_row
             .map_or(0.0, |one| (t0.elapsed().as_secs_f64() / one) as f32);
         self.shape(budget, fixed, extra);
@@ -369,65 +343,20 @@ impl MtpDrafter {
             y.score.total_cmp(&x.score).then(x.depth.cmp(&y.depth))
         });
         order.truncate(budget);
-        let backoff = &self.backoff;
-        let n = self.verify.best_count(
+        let n = self.rounds.best_count(
             order
                 .iter()
                 .map(|&i| (self.nodes[i].depth, self.nodes[i].score)),
             fixed,
             extra,
-            |d| backoff.calibration(d),
         );
         order.truncate(n);
-        self.depth_scores.clear();
-        for &i in &order {
-            let d = self.nodes[i].depth;
-            if self.depth_scores.len() < d {
-                self.depth_scores.resize(d, 0.0);
-            }
-            self.depth_scores[d - 1] += self.nodes[i].score;
-        }
-        self.depth_scores.iter_mut().for_each(|s| *s = s.min(1.0));
+        let nodes = &self.nodes;
+        self.rounds
+            .record_scores(order.iter().map(|&i| (nodes[i].depth, nodes[i].score)));
         // Depth-first preorder over the kept nodes, children best first.
-        let mut children: Vec<Vec<usize>> = vec![Vec::new(); self.nodes.len()];
-        for &i in &order {
-            children[self.nodes[i].parent].push(i);
-        }
-        let mut row = vec![0usize; self.nodes.len()];
-        let mut stack: Vec<usize> = children[0].iter().rev().copied().collect();
-        while let Some(i) = stack.pop() {
-            row[i] = self
-                .dtree
-                .push(row[self.nodes[i].parent], self.nodes[i].token);
-            stack.extend(children[i].iter().rev());
-        }
-    }
-
-    /// Learns from a verified round whose accepted drafts were `path`.
-    fn settle(&mut self, round: Round, proposed: usize, path: &[u32]) {
-        let (ks, kd) = (
-            accepted_depth(&self.stree, path),
-            accepted_depth(&self.dtree, path),
-        );
-        let ns = self.stree.num_drafts();
-        if let Some(sfx) = self.suffix.as_mut()
-            && ns > 0
-        {
-            sfx.observe(ks, ns);
-        }
-        if !round.mtp {
-            return;
-        }
-        let scores: &[f32] = if proposed == round.drafts {
-            &self.depth_scores
-        } else {
-            &[]
-        };
-        let gain = self.one_row.map(|one| {
-            let rows = self.verify.cost(proposed) - self.verify.cost(ns.min(proposed));
-            Backoff::gain_of(kd.max(ks) - ks, (round.secs / one) as f32 + rows)
-        });
-        self.backoff.observe(kd, scores, gain);
+        let kept = order.iter().map(|&i| (i, nodes[i].parent, nodes[i].token));
+        push_preorder(&mut self.rounds.dtree, nodes.len(), kept);
     }
 }
 
@@ -439,59 +368,29 @@ impl MtpSetup {
 
 impl Drafter for MtpDrafter {
     fn propose(&mut self, context: &[u32], budget: usize, out: &mut DraftTree) {
-        let Some(&root) = context.last() else {
+        let ready = context.len() > 1 && self.ready(context.len() - 1);
+        let Some(plan) = self.rounds.begin(context, budget, out, ready) else {
             return;
         };
-        out.reset(root);
-        self.stree.reset(root);
-        self.dtree.reset(root);
-        self.round = None;
-        self.outcome = None;
-        if budget == 0 {
-            return;
-        }
-        if let Some(sfx) = self.suffix.as_mut() {
-            sfx.propose(context, budget, &mut self.stree);
-        }
-        let extra = self.stree.num_drafts().min(budget);
-        let room = budget - extra;
-        // Until the engine has timed one-row passes every other round is one.
-        let timing = self.one_row.is_none() && {
-            self.timing_turn = !self.timing_turn;
-            self.timing_turn
-        };
-        let draft = if room == 0 || !self.ready(context.len() - 1) {
-            false
-        } else if !timing && self.backoff.should_draft() {
-            true
-        } else {
+        if plan.skipped {
             self.times.skipped += 1;
-            false
-        };
-        let secs = if draft {
-            self.draft(root, room, extra)
+        }
+        let secs = if plan.draft {
+            self.draft(context[context.len() - 1], plan.room, plan.extra)
         } else {
             None
         };
         if secs.is_some() {
             self.times.rounds += 1;
         }
-        merge(&self.dtree, &self.stree, out);
-        if secs.is_some() || extra > 0 {
-            self.round = Some(Round {
-                mtp: secs.is_some(),
-                drafts: out.num_drafts(),
-                secs: secs.unwrap_or(0.0),
-            });
-        }
+        self.rounds.finish(out, secs);
     }
 
     fn observe(&mut self, accepted: usize, proposed: usize) {
-        if self.round.is_some_and(|r| r.mtp) {
+        if self.rounds.observe(accepted, proposed) {
             self.times.drafts += proposed as u64;
             self.times.accepted += accepted as u64;
         }
-        self.outcome = Some((accepted, proposed));
     }
 
     fn start_request(&mut self) {
@@ -500,15 +399,11 @@ impl Drafter for MtpDrafter {
         self.wait_tokens.clear();
         self.wait_hidden.clear();
         self.last = None;
-        self.round = None;
-        self.outcome = None;
-        if let Some(sfx) = self.suffix.as_mut() {
-            sfx.start_request();
-        }
+        self.rounds.start_request();
     }
 
     fn history_tokens(&self) -> usize {
-        self.suffix.as_ref().map_or(0, |s| s.history_tokens())
+        self.rounds.history_tokens()
     }
 
     fn hidden_points(&self) -> &[usize] {
@@ -516,9 +411,7 @@ impl Drafter for MtpDrafter {
     }
 
     fn committed(&mut self, start: usize, tokens: &[u32], hidden: &[&[f32]]) {
-        if let (Some(round), Some((_, proposed))) = (self.round.take(), self.outcome.take()) {
-            self.settle(round, proposed, tokens.get(1..).unwrap_or(&[]));
-        }
+        self.rounds.committed(tokens);
         let (n, h) = (tokens.len(), self.hidden_size());
         if n == 0 || hidden.len() != 1 || hidden[0].len() != n * h {
             return;
@@ -544,29 +437,18 @@ impl Drafter for MtpDrafter {
     }
 
     fn set_row_cost(&mut self, relative: f32) {
-        self.verify.set_row_cost(relative);
-        if let Some(sfx) = self.suffix.as_mut() {
-            sfx.set_row_cost(relative);
-        }
+        self.rounds.set_row_cost(relative);
     }
 
     fn set_row_cost_growth(&mut self, growth: f32) {
-        self.verify.set_growth(growth);
-        if let Some(sfx) = self.suffix.as_mut() {
-            sfx.set_row_cost_growth(growth);
-        }
+        self.rounds.set_row_cost_growth(growth);
     }
 
     fn set_pass_costs(&mut self, costs: &[f32]) {
-        self.verify.set_costs(costs);
-        if let Some(sfx) = self.suffix.as_mut() {
-            sfx.set_pass_costs(costs);
-        }
+        self.rounds.set_pass_costs(costs);
     }
 
     fn set_pass_seconds(&mut self, one_row: f64) {
-        if one_row.is_finite() && one_row > 0.0 {
-            self.one_row = Some(one_row);
-        }
+        self.rounds.set_pass_seconds(one_row);
     }
 }

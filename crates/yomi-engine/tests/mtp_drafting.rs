@@ -63,31 +63,9 @@ fn engine(mtp: Option<DraftShape>) -> Engine {
     e
 }
 
-/// A drafter told that verifying rows costs nothing and that a one-row pass takes forever
-/// (its own work is then free): it drafts every round.
-struct FreeRows<'a>(&'a mut (dyn Drafter + 'static));
-
-impl Drafter for FreeRows<'_> {
-    fn propose(&mut self, context: &[u32], budget: usize, out: &mut DraftTree) {
-        self.0.set_pass_costs(&[]);
-        self.0.set_row_cost(0.0);
-        self.0.set_row_cost_growth(0.0);
-        self.0.set_pass_seconds(f64::MAX);
-        self.0.propose(context, budget, out)
-    }
-    fn observe(&mut self, accepted: usize, proposed: usize) {
-        self.0.observe(accepted, proposed)
-    }
-    fn start_request(&mut self) {
-        self.0.start_request()
-    }
-    fn hidden_points(&self) -> &[usize] {
-        self.0.hidden_points()
-    }
-    fn committed(&mut self, start: usize, tokens: &[u32], hidden: &[&[f32]]) {
-        self.0.committed(start, tokens, hidden)
-    }
-}
+#[path = "../../../tests/support/free_rows.rs"]
+mod free_rows;
+use free_rows::FreeRows;
 
 /// A Python prompt written for this test (not one of the evaluation prompts). It ends at the
 /// `def` line without its newline, as the model's training prompts do: its tokenizer merges a
