@@ -13,7 +13,7 @@
 //! | `YOMI_QUANT_AMX` | `on`, `off` | the packed CPU kernels run 5 or more activation rows on the Intel AMX tiles where the CPU and Linux allow it (same bits) | [`yomi_cpu::CpuOptions::amx`] |
 //! | `YOMI_QUANT_PACK` | `on`, `off` | Q8_0/Q4_0/Q4_1 weights regrouped 16 rows at a time for the CPU's packed kernels, or kept in GGML row order | [`yomi_engine::EngineOptions::quant_pack`] |
 //! | `YOMI_PASS_THREADS` | unset, a count ≥ 1 | every CPU pass on this many threads (unset: each size of pass on the count that measures fastest) | [`yomi_engine::EngineOptions::pass_threads`] |
-//! | `YOMI_PASS_TRACE` | `0`, `1` | print each CPU pass's rows, threads and time to stderr (`pass rows=T threads=N us=…`) | [`yomi_engine::EngineOptions::pass_trace`] |
+//! | `YOMI_PASS_TRACE` | `0`, `1` | print each verify pass's rows and time to stderr: on the CPU with its threads (`pass rows=T threads=N us=…`), on a GPU `pass rows=T device us=…` | [`yomi_engine::EngineOptions::pass_trace`] |
 //! | `YOMI_CUDA_TOPK` | `1`, `0` | rank each logits row on the GPU and copy back its 64 most likely tokens, or copy full logits back | [`yomi_cuda::CudaOptions::topk`] |
 //! | `YOMI_CUDA_GRAPHS` | `1`, `0` | replay passes of up to 32 rows as CUDA graphs | [`yomi_cuda::CudaOptions::graphs`] |
 //! | `YOMI_CUDA_FUSE` | `1`, `0` | fused projections on the GPU (and with them the SwiGLU epilogue of the bf16 gate\|up GEMV and the GDN conv folded into the q/k/v split) | [`yomi_cuda::CudaOptions::fuse`] |

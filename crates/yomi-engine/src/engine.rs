@@ -27,8 +27,9 @@ pub struct EngineOptions {
     /// Run every CPU pass on this many threads instead of measuring the best count per size of
     /// pass (default None: measure; see `pass_threads.rs`; `YOMI_PASS_THREADS`).
     pub pass_threads: Option<usize>,
-    /// Print each CPU pass's rows, threads and time to stderr (`pass rows=T threads=N us=…`;
-    /// default false; `YOMI_PASS_TRACE=1`).
+    /// Print each verify pass's rows and time to stderr: a CPU pass with its threads (`pass
+    /// rows=T threads=N us=…`), a device's as `pass rows=T device us=…` (default false;
+    /// `YOMI_PASS_TRACE=1`).
     pub pass_trace: bool,
 }
 

@@ -579,6 +579,9 @@ impl Engine {
             let secs = t0.elapsed().as_secs_f64();
             if let Some(t) = threads.as_mut() {
                 t.record(rows_n, n_threads, secs);
+            } else if self.pass_trace {
+                // A device pass has returned its results to the host: its time is the pass's.
+                eprintln!("pass rows={rows_n} device us={:.0}", secs * 1e6);
             }
             // A probe's time measures a thread count, not the pass's usual cost.
             if out.drafting && !probing {
