@@ -113,6 +113,11 @@ pub struct MtpDrafter {
     normed: Vec<f32>,
     logits: Vec<f32>,
     top: Vec<(u32, f32)>,
+    /// One row's candidates, the nodes a step expands and the draft's order (kept between
+    /// rounds: a round allocates nothing once they have grown).
+    row_top: Vec<(u32, f32)>,
+    frontier: Vec<usize>,
+    order: Vec<usize>,
     nodes: Vec<Node>,
     /// The block's cache is full: propose nothing until the next request.
     full: bool,
@@ -146,6 +151,9 @@ impl MtpDrafter {
             normed: Vec::new(),
             logits: Vec::new(),
             top: Vec::new(),
+            row_top: Vec::with_capacity(TOP_K),
+            frontier: Vec::new(),
+            order: Vec::new(),
             nodes: Vec::new(),
             full: false,
             rounds: DraftRounds::new(mixed),
@@ -212,11 +220,10 @@ impl MtpDrafter {
         self.row_s.extend_from_slice(&self.normed);
         let v = s.model_vocab();
         self.top.clear();
-        let mut one = Vec::with_capacity(TOP_K);
         for row in self.logits[..out * v].chunks_exact(v) {
-            yomi_cpu::top_k::top_k_softmax(row, TOP_K, &mut one);
-            one.resize(TOP_K, (0, 0.0));
-            self.top.extend_from_slice(&one);
+            yomi_cpu::top_k::top_k_softmax(row, TOP_K, &mut self.row_top);
+            self.row_top.resize(TOP_K, (0, 0.0));
+            self.top.extend_from_slice(&self.row_top);
         }
         self.times.rank += t1.elapsed().as_secs_f64();
         true
@@ -262,9 +269,9 @@ impl MtpDrafter {
         self.add_children(0, 0);
         let steps = self.setup.steps.min(budget);
         for depth in 1..steps {
-            let mut frontier: Vec<usize> = (0..self.nodes.len())
-                .filter(|&i| self.nodes[i].depth == depth)
-                .collect();
+            let mut frontier = std::mem::take(&mut self.frontier);
+            frontier.clear();
+            frontier.extend((0..self.nodes.len()).filter(|&i| self.nodes[i].depth == depth));
             frontier.sort_by(|&a, &b| self.nodes[b].score.total_cmp(&self.nodes[a].score));
             frontier.truncate(if chain { 1 } else { WIDTH });
             // A step pays only if its best node is likely enough to be reached.
@@ -276,6 +283,7 @@ impl MtpDrafter {
                 self.nodes[i].score * self.rounds.backoff.calibration(depth)
             });
             if frontier.is_empty() || best <= step_cost {
+                self.frontier = frontier;
                 break;
             }
             let first_new = self.tokens.len();
@@ -290,6 +298,7 @@ impl MtpDrafter {
             }
             let ts = Instant::now();
             if !self.step(frontier.len(), 0) {
+                self.frontier = frontier;
                 return None;
             }
             let secs = ts.elapsed().as_secs_f64();
@@ -301,6 +310,7 @@ impl MtpDrafter {
                 debug_assert_eq!(self.nodes[i].row, Some(first_new + j));
                 self.add_children(i, j);
             }
+            self.frontier = frontier;
         }
         let tr = Instant::now();
         let fixed = self
@@ -337,7 +347,9 @@ impl MtpDrafter {
     /// shallower, so every prefix is a tree), cut by the cost model, in depth-first preorder.
     fn shape(&mut self, budget: usize, fixed: f32, extra: usize) {
         // (A chain's nodes are its path already: one child per expanded node.)
-        let mut order: Vec<usize> = (1..self.nodes.len()).collect();
+        let mut order = std::mem::take(&mut self.order);
+        order.clear();
+        order.extend(1..self.nodes.len());
         order.sort_by(|&a, &b| {
             let (x, y) = (&self.nodes[a], &self.nodes[b]);
             y.score.total_cmp(&x.score).then(x.depth.cmp(&y.depth))
@@ -357,6 +369,7 @@ impl MtpDrafter {
         // Depth-first preorder over the kept nodes, children best first.
         let kept = order.iter().map(|&i| (i, nodes[i].parent, nodes[i].token));
         push_preorder(&mut self.rounds.dtree, nodes.len(), kept);
+        self.order = order;
     }
 }
 

@@ -65,6 +65,8 @@ pub struct MtpState<B: Backend = Cpu> {
     capacity: usize,
     /// Rows of the last pass (not committed yet).
     pending: usize,
+    /// The rows a commit keeps (reused).
+    accepted: Vec<usize>,
     pass_rows: B::Rows,
     sc: Scratch<B>,
     /// The rows' embeddings and hidden inputs, normed.
@@ -245,6 +247,7 @@ impl<B: Backend> Mtp<B> {
             base: 0,
             capacity,
             pending: 0,
+            accepted: Vec::new(),
             pass_rows: B::Rows::default(),
             sc: Scratch::default(),
             e: B::Buf::default(),
@@ -349,9 +352,10 @@ impl<B: Backend> Mtp<B> {
         if n > st.pending {
             bail!("MTP commit: {n} rows of a pass of {}", st.pending);
         }
-        let accepted: Vec<usize> = (0..n).collect();
+        st.accepted.clear();
+        st.accepted.extend(0..n);
         for cache in &mut st.caches {
-            b.commit_kv(cache, st.rows, &accepted);
+            b.commit_kv(cache, st.rows, &st.accepted);
         }
         st.rows += n;
         st.pending = 0;
