@@ -45,10 +45,15 @@ pub struct GdnParams<'a, B: Backend + ?Sized> {
     pub dt_bias: &'a B::Vector,
 }
 
-/// How a backend that takes rotary values from the host fills them: `cos_sin(pos, row)` writes
-/// position `pos`'s `[cos (rot_dim/2) | sin (rot_dim/2)]` into `row`.
+/// The rotary embedding of a pass's rows. Row i sits at position `offset + committed +
+/// depth(i)`: `offset` is 0 for a model's own cache, whose row r is position r, and the first
+/// row's position for a cache that starts mid-sequence (an MTP block resumed from a prefix).
+/// A backend that takes rotary values from the host fills them with `cos_sin(pos, row)`, which
+/// writes position `pos`'s `[cos (rot_dim/2) | sin (rot_dim/2)]` into `row`; one that computes
+/// them on the device reads `offset` only.
 pub struct RotaryFill<'a> {
     pub rot_dim: usize,
+    pub offset: usize,
     pub cos_sin: &'a dyn Fn(usize, &mut [f32]),
 }
 
@@ -87,9 +92,9 @@ pub trait Backend {
     fn vector_len(&self, v: &Self::Vector) -> usize;
 
     /// Sets the per-row inputs of a pass of `tokens` hung as `tree` after `committed` rows: the
-    /// ids, each row's position (committed + depth) and path, and, when the model has
-    /// attention, what its rotary embedding reads (`rotary`, for backends that take the
-    /// values from the host; others compute them from the positions).
+    /// ids, each row's cache row (committed + depth) and path, and, when the model has
+    /// attention, its rows' positions and what their rotary embedding reads (`rotary`, see
+    /// [`RotaryFill`]).
     fn set_rows(
         &self,
         rows: &mut Self::Rows,

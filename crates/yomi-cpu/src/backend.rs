@@ -165,7 +165,7 @@ impl Backend for Cpu {
         if let Some(r) = rotary {
             rows.cos_sin.resize(tokens.len() * r.rot_dim, 0.0);
             for (i, row) in rows.cos_sin.chunks_exact_mut(r.rot_dim).enumerate() {
-                (r.cos_sin)(committed + tree.depth(i) as usize, row);
+                (r.cos_sin)(r.offset + committed + tree.depth(i) as usize, row);
             }
         }
     }

@@ -182,6 +182,29 @@ impl Mtp<Cpu> {
         })
     }
 
+    /// The block on another backend: every matrix through `linear`, every vector through
+    /// `vector`, the decoder layers through `layer` (a device upload); shapes and settings
+    /// as they are.
+    #[allow(clippy::type_complexity)]
+    pub fn to_backend<C: Backend>(
+        &self,
+        linear: &dyn Fn(&Matrix) -> Result<C::Linear>,
+        vector: &dyn Fn(&[f32]) -> Result<C::Vector>,
+        layer: &dyn Fn(&Layer) -> Result<Layer<C>>,
+    ) -> Result<Mtp<C>> {
+        Ok(Mtp {
+            fc_embed: linear(&self.fc_embed)?,
+            fc_hidden: linear(&self.fc_hidden)?,
+            norm_embed: vector(&self.norm_embed)?,
+            norm_hidden: vector(&self.norm_hidden)?,
+            layers: self.layers.iter().map(layer).collect::<Result<_>>()?,
+            norm: vector(&self.norm)?,
+            cfg: self.cfg.clone(),
+            trunk_layers: self.trunk_layers,
+            rope: self.rope.clone(),
+        })
+    }
+
     /// Every weight matrix, mutably (format conversions: the engine requantizes the block for
     /// the CPU's int8 kernels, as it does a DFlash drafter).
     pub fn matrices_mut(&mut self) -> Vec<&mut Matrix> {
@@ -290,8 +313,7 @@ impl<B: Backend> Mtp<B> {
             );
         }
         st.pending = 0;
-        let base = st.base;
-        let cos_sin = |pos: usize, row: &mut [f32]| self.rope.cos_sin(base + pos, row);
+        let cos_sin = |pos: usize, row: &mut [f32]| self.rope.cos_sin(pos, row);
         b.set_rows(
             &mut st.pass_rows,
             rows.tokens,
@@ -299,6 +321,7 @@ impl<B: Backend> Mtp<B> {
             st.rows,
             Some(RotaryFill {
                 rot_dim: cfg.rotary_dim,
+                offset: st.base,
                 cos_sin: &cos_sin,
             }),
         );

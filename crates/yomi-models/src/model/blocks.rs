@@ -98,6 +98,7 @@ pub fn set_pass_rows<B: Backend>(
         .contains(&crate::LayerKind::Attention)
         .then_some(yomi_core::backend::RotaryFill {
             rot_dim: cfg.rotary_dim,
+            offset: 0,
             cos_sin: &cos_sin,
         });
     b.set_rows(rows, tokens, tree, committed, rotary);
