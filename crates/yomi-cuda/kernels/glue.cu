@@ -65,6 +65,14 @@ extern "C" __global__ void add_f32(float* __restrict__ y, const float* __restric
 }
 
 // ---------------------------------------------------------------------------------------------
+// Scale: y[i] *= s, n values (a drafter's embedding scale). One thread per value.
+extern "C" __global__ void scale_f32(float* __restrict__ y, float s, long long n) {
+    grid_dep_begin();
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] *= s;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Gated attention (Qwen3.5): the q projection holds, per head, hd query values then hd gate
 // values. Splits qf [T·heads, 2·hd] into q [T·heads, hd] and gate [T·heads, hd].
 // One thread per (row-head, i): T·heads·hd threads.

@@ -27,3 +27,25 @@ extern "C" __global__ void rope_neox_f32(float* __restrict__ x, const int* __res
     hp[i] = a * c - b * s;
     hp[half + i] = b * c + a * s;
 }
+
+// The same rotation with the angles' cos and sin from a table the host filled (a drafter whose
+// rotary embedding is not the model's: a DFlash drafter's rows, its own θ):
+//   cos_sin [T, rot] holds, per row, [cos(angle_0 … angle_{half−1}) | sin(…)].
+// Twin of yomi_cpu::rope::rotate. One thread per (t, h, i): T·H·rot/2 threads.
+extern "C" __global__ void rope_neox_table_f32(float* __restrict__ x,
+                                               const float* __restrict__ cos_sin, int t_rows,
+                                               int heads, int head_dim, int rot) {
+    grid_dep_begin();
+    const int half = rot >> 1;
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long total = (long long)t_rows * heads * half;
+    if (idx >= total) return;
+    const int i = (int)(idx % half);
+    const long long th = idx / half;  // t * heads + h
+    const int t = (int)(th / heads);
+    const float c = cos_sin[(long long)t * rot + i], s = cos_sin[(long long)t * rot + half + i];
+    float* hp = x + th * head_dim;
+    const float a = hp[i], b = hp[half + i];
+    hp[i] = a * c - b * s;
+    hp[half + i] = b * c + a * s;
+}

@@ -307,6 +307,11 @@ struct Shared {
     co: Option<CudaSlice<f32>>,
     /// Token ids of [`Backend::embed`] (host tokens, not a pass's rows).
     ids: Option<CudaSlice<i32>>,
+    /// A bidirectional block's committed length and ancestor bits (every row sees every row),
+    /// and the host staging of the bits.
+    block_committed: Option<CudaSlice<i32>>,
+    block_anc: Option<CudaSlice<u64>>,
+    block_host: Vec<u64>,
 }
 
 /// The CUDA backend of one sequence state: the device, the model's rotary frequencies and the
@@ -450,6 +455,31 @@ impl Cuda {
         ))
     }
 
+    /// Copies `t` packed rows of `k`, `v` ([t, n_kv·hd]) to cache rows `at ..`.
+    fn store_kv(
+        &self,
+        cache: &mut DevKv,
+        at: usize,
+        t: usize,
+        heads: AttnHeads,
+        k: &DevBuf,
+        v: &DevBuf,
+    ) -> Result<()> {
+        let w = heads.n_kv * heads.head_dim;
+        ensure!(
+            at + t <= cache.capacity,
+            "{at} + {t} K/V rows exceed the cache's {} rows",
+            cache.capacity
+        );
+        let (kv, vv) = (self.inp(k, t * w)?, self.inp(v, t * w)?);
+        let (kc, vc) = cache.kv()?;
+        self.dev
+            .copy(&kv, &mut kc.slice_mut(at * w..(at + t) * w))?;
+        self.dev
+            .copy(&vv, &mut vc.slice_mut(at * w..(at + t) * w))?;
+        Ok(())
+    }
+
     /// Uploads `accepted` for the commit replay unless the device already holds that list.
     fn upload_accepted(&self, sh: &mut Shared, accepted: &[usize]) -> Result<()> {
         if sh.accepted.is_some() && sh.accepted_host == accepted {
@@ -493,9 +523,10 @@ impl Backend for Cuda {
         tokens: &[u32],
         tree: &TreeBatch,
         committed: usize,
-        _rotary: Option<RotaryFill<'_>>,
+        rotary: Option<RotaryFill<'_>>,
     ) {
         // The rotary values come from the positions and the model's frequencies on the device.
+        let offset = rotary.map_or(0, |r| r.offset);
         self.run("set_rows", || {
             let t = tokens.len();
             let chain = tree.is_chain();
@@ -533,7 +564,7 @@ impl Backend for Cuda {
             h.extend(tokens.iter().map(|&x| x as i32));
             dev.upload_into(h, &mut b.ids.slice_mut(0..t))?;
             h.clear();
-            h.extend((0..t).map(|i| (committed + tree.depth(i) as usize) as i32));
+            h.extend((0..t).map(|i| (offset + committed + tree.depth(i) as usize) as i32));
             dev.upload_into(h, &mut b.pos.slice_mut(0..t))?;
             h.clear();
             h.extend_from_slice(&tree.parents()[..first]);
@@ -837,10 +868,29 @@ impl Backend for Cuda {
         });
     }
 
-    fn rope_inplace(&self, _: &mut DevBuf, _: usize, _: usize, _: usize, _: usize, _: &DevBuf) {
-        // The device rotates from positions (`attention_core`); host cos/sin tables are the
-        // DFlash drafter's, which does not run on CUDA yet.
-        self.unsupported("rope_inplace from host cos/sin");
+    fn rope_inplace(
+        &self,
+        x: &mut DevBuf,
+        t: usize,
+        heads: usize,
+        head_dim: usize,
+        rot_dim: usize,
+        cos_sin: &DevBuf,
+    ) {
+        // A model's own layers rotate from positions (`attention_core`); a host table is a
+        // drafter's (DFlash: its own θ, its own positions).
+        self.run("rope_inplace", || {
+            let cs = self.inp(cos_sin, t * rot_dim)?;
+            self.dev.rope_neox_table(
+                &mut self.in_place(x, t * heads * head_dim)?,
+                t,
+                heads,
+                head_dim,
+                rot_dim,
+                &cs,
+            )?;
+            Ok(())
+        });
     }
 
     fn attention(
@@ -975,26 +1025,101 @@ impl Backend for Cuda {
         }
     }
 
-    fn write_kv(&self, _: &mut DevKv, _: usize, _: usize, _: AttnHeads, _: &DevBuf, _: &DevBuf) {
-        self.unsupported("write_kv (a drafter's context rows)");
+    fn write_kv(
+        &self,
+        cache: &mut DevKv,
+        at: usize,
+        t: usize,
+        heads: AttnHeads,
+        k: &DevBuf,
+        v: &DevBuf,
+    ) {
+        self.run("write_kv", || self.store_kv(cache, at, t, heads, k, v));
     }
 
     fn attention_block(
         &self,
-        _: &mut DevKv,
-        _: usize,
-        _: usize,
-        _: AttnHeads,
-        _: &DevBuf,
-        _: &DevBuf,
-        _: &DevBuf,
-        _: &mut DevBuf,
+        cache: &mut DevKv,
+        committed: usize,
+        t: usize,
+        heads: AttnHeads,
+        q: &DevBuf,
+        k: &DevBuf,
+        v: &DevBuf,
+        o: &mut DevBuf,
     ) {
-        self.unsupported("attention_block (a DFlash drafter's)");
+        self.run("attention_block", || {
+            // The block's K/V after the committed rows (pending: the next block overwrites
+            // them), then tree attention in which every block row is every row's ancestor.
+            ensure!(
+                (1..=MAX_ROWS).contains(&t),
+                "a bidirectional block of {t} rows (1 to {MAX_ROWS} on CUDA)"
+            );
+            self.store_kv(cache, committed, t, heads, k, v)?;
+            let AttnHeads {
+                n_heads: nh,
+                n_kv: nkv,
+                head_dim: hd,
+            } = heads;
+            let dims = AttnDims {
+                n_heads: nh,
+                n_kv: nkv,
+                head_dim: hd,
+            };
+            let mut sh = self.shared.borrow_mut();
+            let sh = &mut *sh;
+            if sh
+                .attn
+                .as_ref()
+                .is_none_or(|(d, cap, _)| *d != dims || *cap != cache.capacity)
+            {
+                sh.attn = Some((
+                    dims,
+                    cache.capacity,
+                    AttnScratch::new(&self.dev, MAX_ROWS, dims, cache.capacity)?,
+                ));
+                self.epoch.set(self.epoch.get() + 1);
+            }
+            let all = (1u64 << t) - 1;
+            sh.block_host.clear();
+            sh.block_host.resize(t, all);
+            let anc = grow(&self.dev, &self.epoch, &mut sh.block_anc, MAX_ROWS)?;
+            self.dev
+                .upload_into(&sh.block_host, &mut anc.slice_mut(0..t))?;
+            let at = grow(&self.dev, &self.epoch, &mut sh.block_committed, 1)?;
+            self.dev
+                .upload_into(&[committed as i32], &mut at.slice_mut(0..1))?;
+            let (Some((_, _, scratch)), Some(anc), Some(at)) =
+                (&mut sh.attn, &sh.block_anc, &sh.block_committed)
+            else {
+                unreachable!("made above")
+            };
+            let capacity = cache.capacity;
+            let (kc, vc) = cache.kv()?;
+            let qv = self.inp(q, t * nh * hd)?;
+            self.dev.attention_tree(
+                &qv,
+                kc,
+                vc,
+                &at.slice(0..1),
+                t,
+                &anc.slice(0..t),
+                1,
+                dims,
+                1.0 / (hd as f32).sqrt(),
+                capacity,
+                scratch,
+                &mut self.out(o, t * nh * hd)?,
+            )?;
+            Ok(())
+        });
     }
 
-    fn scale_inplace(&self, _: &mut DevBuf, _: usize, _: f32) {
-        self.unsupported("scale_inplace");
+    fn scale_inplace(&self, x: &mut DevBuf, n: usize, s: f32) {
+        self.run("scale_inplace", || {
+            self.dev.scale_inplace(&mut self.in_place(x, n)?, s)?;
+            Ok(())
+        });
     }
 
     fn sigmoid_gate_inplace(&self, o: &mut DevBuf, gate: &DevBuf, n: usize) {

@@ -310,6 +310,23 @@ impl CudaDevice {
         })
     }
 
+    /// `y *= s` element-wise.
+    pub fn scale_inplace(&self, y: &mut impl DevicePtrMut<f32>, s: f32) -> Result<()> {
+        let n = y.len() as i64;
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.func(Module::Glue, "scale_f32")?;
+        guard("scale", || {
+            let st = self.stream();
+            let yp = dptr_mut(y, st);
+            let mut b = self.launch(&f);
+            b.arg(&yp).arg(&s).arg(&n);
+            // SAFETY: argument types match `scale_f32`.
+            unsafe { b.launch(grid_1d(n as u64)) }.map_err(launch_err("scale_f32"))
+        })
+    }
+
     /// `y += x` element-wise.
     pub fn add_inplace(
         &self,

@@ -94,7 +94,7 @@ impl Module {
         match self {
             Module::Norm => vec!["rms_norm_f32".into()],
             Module::Act => vec!["swiglu_f32".into()],
-            Module::Rope => vec!["rope_neox_f32".into()],
+            Module::Rope => vec!["rope_neox_f32".into(), "rope_neox_table_f32".into()],
             Module::Gemv => crate::ops::all_gemv_kernels(),
             Module::Gdn => vec!["gdn_step_f32".into(), "gdn_tree_verify_f32".into()],
             Module::Glue => [
@@ -103,6 +103,7 @@ impl Module {
                 "pack_bf16_tiles",
                 "embed_f16",
                 "add_f32",
+                "scale_f32",
                 "split_q_gate_f32",
                 "sigmoid_mul_f32",
                 "gdn_split_qkv_f32",

@@ -919,6 +919,61 @@ impl CudaDevice {
         })
     }
 
+    /// Partial NeoX RoPE in place on x [T, heads, head_dim] with the angles from a host-filled
+    /// table `cos_sin` [T, rot] (per row [cos (rot/2) | sin (rot/2)]): a drafter's own rotary
+    /// embedding. Twin of `yomi_cpu::rope::rotate` per row.
+    pub fn rope_neox_table(
+        &self,
+        x: &mut impl DevicePtrMut<f32>,
+        t: usize,
+        heads: usize,
+        head_dim: usize,
+        rot: usize,
+        cos_sin: &impl DevicePtr<f32>,
+    ) -> Result<()> {
+        ensure!(
+            rot.is_multiple_of(2) && rot > 0 && rot <= head_dim,
+            "rope: rot = {rot} must be even and in 2..={head_dim}"
+        );
+        ensure!(
+            x.len() == t * heads * head_dim,
+            "rope: x has {} values, not [T={t}, H={heads}, D={head_dim}]",
+            x.len()
+        );
+        ensure!(
+            cos_sin.len() >= t * rot,
+            "rope: a table of {} values for {t} rows of {rot}",
+            cos_sin.len()
+        );
+        let total = (t * heads * rot / 2) as u64;
+        if total == 0 {
+            return Ok(());
+        }
+        let f = self.func(Module::Rope, "rope_neox_table_f32")?;
+        let args = [
+            as_i32(t, "T")?,
+            as_i32(heads, "heads")?,
+            as_i32(head_dim, "head_dim")?,
+            as_i32(rot, "rot")?,
+        ];
+        let cfg = LaunchConfig {
+            grid_dim: (total.div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        guard("rope_table", || {
+            let st = self.stream();
+            let (xp, cp) = (dptr_mut(x, st), dptr(cos_sin, st));
+            let mut b = self.launch(&f);
+            b.arg(&xp).arg(&cp);
+            for a in &args {
+                b.arg(a);
+            }
+            // SAFETY: argument types match `rope_neox_table_f32`; lengths checked.
+            unsafe { b.launch(cfg) }.map_err(launch_err("rope_neox_table_f32"))
+        })
+    }
+
     /// One fused GDN decode step (T = 1) that updates `state` [Hv, dk, dv] in place and writes
     /// `out` [Hv, dv]: `u = β(v − e^g Sᵀk)`, `o = e^g Sᵀq + (k·q) u`, `S ← e^g S + k uᵀ`.
     /// For plain decode, whose row is committed at once. dk a multiple of 32 up to 256, dv a
