@@ -172,8 +172,8 @@ pub struct DraftArgs {
     /// trained DFlash drafter, `--draft-model DIR`), `mtp` (the model's own multi-token
     /// prediction block: Qwen3.5/3.6 checkpoints with `mtp.*` weights, or GGUF files converted
     /// with them) or `none`.
-    /// The model drafters run on the CPU for now. Lossless whichever: the output is the same
-    /// token for token.
+    /// Model drafters run where the model runs (CPU or CUDA). Lossless whichever: the output
+    /// is the same token for token.
     #[arg(long, default_value = "suffix", value_name = "MODE", value_parser = clap::value_parser!(DraftMode))]
     pub draft: DraftMode,
     /// Most draft tokens verified per pass (1..=64).
@@ -196,6 +196,7 @@ pub struct DraftArgs {
     /// head then costs N rows instead of the whole vocabulary, and tokens past the cut are
     /// never drafted (byte-level BPE numbers tokens roughly by frequency: SmolLM2's first
     /// 16,384 ids hold 91% of Python source's tokens). The output is the same whatever N.
+    /// On a GPU the whole head drafts (its rows cost little there) and N is ignored.
     #[arg(long, default_value_t = yomi_engine::mtp_drafter::DEFAULT_DRAFT_VOCAB, value_name = "N")]
     pub mtp_vocab: usize,
 }

@@ -21,6 +21,7 @@ use anyhow::{Context, Result, bail};
 use std::sync::Arc;
 
 use yomi_engine::dflash_drafter::{DFlashDrafter, DFlashSetup, DraftShape, DraftTimes};
+use yomi_engine::draft_ops::CpuDraft;
 use yomi_engine::generate::DraftMode;
 use yomi_engine::stats::{GenerationStats, StatsRecorder};
 use yomi_engine::template::ChatMessage;
@@ -124,8 +125,10 @@ fn main() -> Result<()> {
             )?;
             setup = Arc::new(DFlashSetup {
                 model,
-                embed: setup.embed.clone(),
-                head: setup.head.clone(),
+                target: CpuDraft {
+                    embed: setup.target.embed.clone(),
+                    head: setup.target.head.clone(),
+                },
                 shape,
                 context: setup.context,
             });
@@ -252,12 +255,12 @@ fn head_curve(engine: &Engine) -> Result<()> {
         Ok(t[t.len() / 2])
     };
     engine.install(|| -> Result<()> {
-        let block = median(&mut || m.draft_block(&cpu, &mut st, &s.embed, 5, 256))?;
+        let block = median(&mut || m.draft_block(&cpu, &mut st, &s.target.embed, 5, 256))?;
         println!();
         println!("block pass at 256 context rows: {block:.2} ms");
         print!("LM head by positions (ms):");
         for n in 1..m.cfg.block_size {
-            let t = median(&mut || m.draft_logits(&cpu, &mut st, &s.head, n, &mut logits))?;
+            let t = median(&mut || m.draft_logits(&cpu, &mut st, &s.target.head, n, &mut logits))?;
             print!(" {n}: {t:.2}");
         }
         println!();

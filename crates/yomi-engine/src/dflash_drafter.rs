@@ -21,7 +21,8 @@
 //! drafts of its own that were accepted, and a DFlash round is judged by what it added to the
 //! suffix drafter's branch. Rounds the back-off skips still verify the suffix branch.
 //!
-//! The drafter runs on the CPU backend. Its block's distributions are marginals (each position
+//! The drafter runs on any backend ([`DraftOps`]): the CPU's, or the GPU that runs the target.
+//! Its block's distributions are marginals (each position
 //! is drafted without knowing the tokens before it), so a node's score, the product of its
 //! path's probabilities, estimates its acceptance only roughly; the verify pass keeps the
 //! output lossless whatever is proposed.
@@ -31,10 +32,10 @@ use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use yomi_cpu::backend::Cpu;
 use yomi_models::dflash::{DFlash, DFlashState};
 use yomi_spec::{DraftTree, Drafter};
-use yomi_weights::Matrix;
+
+use crate::draft_ops::{Buf, CpuDraft, DraftOps, RankRow};
 
 pub mod backoff;
 use crate::draft_rounds::{DraftRounds, push_preorder};
@@ -77,11 +78,10 @@ impl std::fmt::Display for DraftShape {
 
 /// A loaded DFlash drafter and what it reads of the target, shared by the drafters of every
 /// request.
-pub struct DFlashSetup {
-    pub model: DFlash,
-    /// The target's embedding table and LM head (the drafter has neither).
-    pub embed: Arc<Matrix>,
-    pub head: Arc<Matrix>,
+pub struct DFlashSetup<D: DraftOps = CpuDraft> {
+    pub model: DFlash<D::B>,
+    /// Where it runs, with the target's embedding table and LM head (the drafter has neither).
+    pub target: D,
     pub shape: DraftShape,
     /// Context rows a drafter keeps (the engine's context size).
     pub context: usize,
@@ -121,16 +121,21 @@ pub struct DraftTimes {
 }
 
 /// One drafting sequence's DFlash state.
-pub struct DFlashDrafter {
-    setup: Arc<DFlashSetup>,
-    state: DFlashState,
+pub struct DFlashDrafter<D: DraftOps = CpuDraft> {
+    setup: Arc<DFlashSetup<D>>,
+    /// The op set this drafter runs on, and its ranking space (None: it could not be made).
+    b: D::B,
+    ranker: Option<D::Ranker>,
+    state: DFlashState<D::B>,
     points: Vec<usize>,
-    logits: Vec<f32>,
+    logits: Buf<D>,
     features: Vec<f32>,
     /// Per drafted position, its top candidates (token, probability), best first.
     top: Vec<Vec<(u32, f32)>>,
-    /// The context no longer fits: propose nothing until the next request.
+    /// The context no longer fits, or an op failed: propose nothing until the next request.
     full: bool,
+    /// The first error of the drafter's ops, if one stopped it.
+    error: Option<String>,
     times: DraftTimes,
     /// The verify cost, the back-off, the suffix branch and learning from each round.
     rounds: DraftRounds,
@@ -140,26 +145,30 @@ pub struct DFlashDrafter {
     /// `pending_start`.
     pending_start: usize,
     pending: usize,
-    /// Ranks a position's logits ([`yomi_cpu::top_k::top_k_softmax`]; tests swap in its f64
-    /// reference).
+    /// Ranks a position's logits on the CPU ([`yomi_cpu::top_k::top_k_softmax`]; tests swap
+    /// in its f64 reference).
     rank_row: RankRow,
 }
 
-/// A row's `k` best tokens with their probabilities, best first.
-type RankRow = fn(&[f32], usize, &mut Vec<(u32, f32)>);
-
-impl DFlashDrafter {
-    pub fn new(setup: Arc<DFlashSetup>) -> Self {
-        let state = setup.model.new_state(&Cpu, setup.context);
+impl<D: DraftOps> DFlashDrafter<D> {
+    pub fn new(setup: Arc<DFlashSetup<D>>) -> Self {
+        let b = setup.target.ops();
+        let state = setup.model.new_state(&b, setup.context);
         let mixed = setup.shape == DraftShape::Mixed;
+        let positions = setup.model.cfg.block_size - 1;
+        let ranker = setup.target.ranker(positions, setup.model.cfg.vocab_size);
+        let error = ranker.as_ref().err().map(|e| format!("{e:#}"));
         DFlashDrafter {
             points: setup.model.cfg.hidden_points(),
+            b,
+            ranker: ranker.ok(),
             state,
             setup,
-            logits: Vec::new(),
+            logits: Default::default(),
             features: Vec::new(),
             top: Vec::new(),
-            full: false,
+            full: error.is_some(),
+            error,
             times: DraftTimes::default(),
             rounds: DraftRounds::new(mixed),
             head_row: None,
@@ -172,6 +181,23 @@ impl DFlashDrafter {
     /// Where this drafter's time went so far.
     pub fn times(&self) -> DraftTimes {
         self.times
+    }
+
+    /// The error that stopped this drafter, if one did (drafting then stops; the output, which
+    /// the target verifies, is unaffected).
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+
+    /// Stops drafting after a failed op or a full context (`err`: the op's error).
+    fn stop(&mut self, err: Option<anyhow::Error>) {
+        self.full = true;
+        if let (None, Some(e)) = (
+            &self.error,
+            err.or_else(|| self.setup.target.take_error(&self.b)),
+        ) {
+            self.error = Some(format!("{e:#}"));
+        }
     }
 
     /// What a pass with `n` drafts costs, in one-row passes.
@@ -196,8 +222,10 @@ impl DFlashDrafter {
         let t0 = Instant::now();
         let s = &*self.setup;
         let (start, n) = (self.pending_start, self.pending);
+        // A full context ends drafting for this request (device op errors are taken after
+        // the block pass).
         if s.model
-            .add_context(&Cpu, &mut self.state, start, n, &self.features)
+            .add_context(&self.b, &mut self.state, start, n, &self.features)
             .is_err()
         {
             self.full = true;
@@ -207,11 +235,27 @@ impl DFlashDrafter {
     }
 
     /// The first `positions` drafted positions' top candidates and their probabilities.
-    fn rank(&mut self, positions: usize, vocab: usize) {
+    fn rank(&mut self, positions: usize, vocab: usize) -> bool {
         self.top.resize_with(positions, Vec::new);
-        let rows = self.logits[..positions * vocab].chunks_exact(vocab);
-        for (row, top) in rows.zip(&mut self.top) {
-            (self.rank_row)(row, TOP_K, top);
+        let Some(ranker) = self.ranker.as_mut() else {
+            return false;
+        };
+        let r = self.setup.target.rank(
+            &self.b,
+            ranker,
+            &self.logits,
+            positions,
+            vocab,
+            TOP_K,
+            self.rank_row,
+            &mut self.top,
+        );
+        match r {
+            Ok(()) => true,
+            Err(e) => {
+                self.stop(Some(e));
+                false
+            }
         }
     }
 
@@ -310,7 +354,7 @@ impl Ord for Cand {
     }
 }
 
-impl DFlashDrafter {
+impl<D: DraftOps> DFlashDrafter<D> {
     /// One block pass and its draft of at most `budget` drafts into `dtree`, beside `extra`
     /// rows of other drafts; the drafting time (seconds), or `None` once the context is full.
     fn draft_block(&mut self, context: &[u32], budget: usize, extra: usize) -> Option<f64> {
@@ -325,7 +369,7 @@ impl DFlashDrafter {
         let pos = context.len() - 1;
         let t1 = Instant::now();
         if s.model
-            .draft_block(&Cpu, &mut self.state, &s.embed, anchor, pos)
+            .draft_block(&self.b, &mut self.state, s.target.embed(), anchor, pos)
             .is_err()
         {
             self.full = true;
@@ -342,15 +386,27 @@ impl DFlashDrafter {
             _ => most,
         };
         if s.model
-            .draft_logits(&Cpu, &mut self.state, &s.head, positions, &mut self.logits)
+            .draft_logits(
+                &self.b,
+                &mut self.state,
+                s.target.head(),
+                positions,
+                &mut self.logits,
+            )
             .is_err()
         {
             self.full = true;
             return None;
         }
+        if let Some(e) = s.target.take_error(&self.b) {
+            self.stop(Some(e));
+            return None;
+        }
         let t3 = Instant::now();
         // The buffer may be longer than this round's rows (it only grows).
-        self.rank(positions, s.model.cfg.vocab_size);
+        if !self.rank(positions, s.model.cfg.vocab_size) {
+            return None;
+        }
         let t4 = Instant::now();
         let fixed = self
             .rounds
@@ -434,7 +490,7 @@ pub(crate) fn merge(a: &DraftTree, b: &DraftTree, out: &mut DraftTree) {
     }
 }
 
-impl Drafter for DFlashDrafter {
+impl<D: DraftOps> Drafter for DFlashDrafter<D> {
     fn propose(&mut self, context: &[u32], budget: usize, out: &mut DraftTree) {
         let Some(plan) = self.rounds.begin(context, budget, out, !self.full) else {
             return;
@@ -459,7 +515,8 @@ impl Drafter for DFlashDrafter {
 
     fn start_request(&mut self) {
         self.state.reset();
-        self.full = false;
+        // A drafter stopped by an error stays stopped.
+        self.full = self.error.is_some();
         self.pending = 0;
         self.rounds.start_request();
     }

@@ -17,9 +17,17 @@ use yomi_models::safetensors_dir::SafetensorsDir;
 use yomi_spec::{Drafter, SuffixDrafter};
 use yomi_weights::{Matrix, WeightData};
 
+use crate::cuda::{CudaDraft, cuda_model, upload_dflash, upload_mtp};
 use crate::dflash_drafter::{DFlashDrafter, DFlashSetup, DraftShape};
+use crate::draft_ops::CpuDraft;
 use crate::engine::Engine;
 use crate::mtp_drafter::{MtpDrafter, MtpSetup};
+
+/// A model drafter's shared setup, on the backend its target runs on.
+pub(crate) enum Placed<C, G> {
+    Cpu(Arc<C>),
+    Cuda(Arc<G>),
+}
 
 /// Which drafter proposes the tokens each pass verifies.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -71,29 +79,35 @@ impl Engine {
         match mode {
             DraftMode::None => None,
             DraftMode::Suffix => Some(Box::new(SuffixDrafter::default())),
-            DraftMode::DFlash => self
-                .dflash
-                .as_ref()
-                .map(|s| Box::new(DFlashDrafter::new(s.clone())) as Box<dyn Drafter>),
-            DraftMode::Mtp => self
-                .mtp
-                .as_ref()
-                .map(|s| Box::new(MtpDrafter::new(s.clone())) as Box<dyn Drafter>),
+            DraftMode::DFlash => self.dflash.as_ref().map(|s| match s {
+                Placed::Cpu(s) => Box::new(DFlashDrafter::new(s.clone())) as Box<dyn Drafter>,
+                Placed::Cuda(s) => Box::new(DFlashDrafter::new(s.clone())),
+            }),
+            DraftMode::Mtp => self.mtp.as_ref().map(|s| match s {
+                Placed::Cpu(s) => Box::new(MtpDrafter::new(s.clone())) as Box<dyn Drafter>,
+                Placed::Cuda(s) => Box::new(MtpDrafter::new(s.clone())),
+            }),
         }
     }
 
     /// Loads the model's own MTP block (Qwen3.5/3.6 `mtp.*` in a Hugging Face directory,
     /// `blk.L.nextn.*` and layer L in a GGUF file from llama.cpp's converter):
-    /// `--draft mtp` then drafts with it, `steps` deep, as a `shape` of draft. Like a DFlash
-    /// drafter, the block is requantized to Q8_0 for the CPU's int8 kernels, and so is the copy
-    /// of the LM head it drafts with (each drafting step multiplies its new rows by it): the
-    /// whole head, or with `vocab` > 0 its first `vocab` rows only (byte-level BPE vocabularies
-    /// number their tokens roughly by frequency, so the first ids cover most text: a step then
-    /// costs a fraction of the head, and tokens past the cut are never drafted).
+    /// `--draft mtp` then drafts with it, `steps` deep, as a `shape` of draft, on the device
+    /// the model runs on. On the CPU, like a DFlash drafter, the block is requantized to Q8_0
+    /// for the int8 kernels, and so is the copy of the LM head it drafts with (each drafting
+    /// step multiplies its new rows by it): the whole head, or with `vocab` > 0 its first
+    /// `vocab` rows only (byte-level BPE vocabularies number their tokens roughly by frequency,
+    /// so the first ids cover most text: a step then costs a fraction of the head, and tokens
+    /// past the cut are never drafted). On a GPU the block keeps its stored weights and drafts
+    /// with the target's whole LM head (`vocab` is ignored: the head's rows cost little there).
     pub fn attach_mtp(&mut self, shape: DraftShape, steps: usize, vocab: usize) -> Result<()> {
         let m = &self.model;
-        if m.host_matrices_released || m.accel.is_some() {
-            bail!("MTP drafting runs on the CPU backend for now: use --device cpu");
+        let on_gpu = cuda_model(m);
+        if on_gpu.is_none() && (m.host_matrices_released || m.accel.is_some()) {
+            bail!(
+                "MTP drafting runs on the CPU or a CUDA device, not on {}",
+                self.device()
+            );
         }
         if steps == 0 {
             bail!("MTP drafting needs at least one step");
@@ -111,6 +125,17 @@ impl Engine {
             }
         }
         .with_context(|| format!("cannot load the MTP block of {}", self.path.display()))?;
+        if let Some(cm) = on_gpu {
+            let model = upload_mtp(&cm, &model).context("uploading the MTP block")?;
+            self.mtp = Some(Placed::Cuda(Arc::new(MtpSetup {
+                model,
+                target: CudaDraft::new(cm),
+                shape,
+                steps,
+                context: self.context_size,
+            })));
+            return Ok(());
+        }
         let mut model = model;
         model.matrices_mut().into_iter().for_each(requantize_q8_0);
         let target_head = m.lm_head.as_deref().unwrap_or(&m.embed);
@@ -120,42 +145,70 @@ impl Engine {
             vocab.min(target_head.rows)
         };
         let head = Arc::new(draft_head(target_head, rows));
-        self.mtp = Some(Arc::new(MtpSetup {
+        self.mtp = Some(Placed::Cpu(Arc::new(MtpSetup {
             model,
-            embed: m.embed.clone(),
-            head,
+            target: CpuDraft {
+                embed: m.embed.clone(),
+                head,
+            },
             shape,
             steps,
             context: self.context_size,
-        }));
+        })));
         Ok(())
     }
 
-    /// The DFlash drafter attached with [`attach_dflash`](Self::attach_dflash), if any, to build
-    /// a [`DFlashDrafter`] directly (e.g. to read its [`DFlashDrafter::times`]).
+    /// The DFlash drafter attached on the CPU with [`attach_dflash`](Self::attach_dflash), if
+    /// any, to build a [`DFlashDrafter`] directly (e.g. to read its [`DFlashDrafter::times`]).
     pub fn dflash_setup(&self) -> Option<Arc<DFlashSetup>> {
-        self.dflash.clone()
+        match self.dflash.as_ref()? {
+            Placed::Cpu(s) => Some(s.clone()),
+            Placed::Cuda(_) => None,
+        }
     }
 
-    /// The MTP block attached with [`attach_mtp`](Self::attach_mtp), if any, to build an
-    /// [`MtpDrafter`] directly (e.g. to read its [`MtpDrafter::times`]).
+    /// The DFlash drafter attached on a CUDA device, if any.
+    pub fn dflash_setup_cuda(&self) -> Option<Arc<DFlashSetup<CudaDraft>>> {
+        match self.dflash.as_ref()? {
+            Placed::Cuda(s) => Some(s.clone()),
+            Placed::Cpu(_) => None,
+        }
+    }
+
+    /// The MTP block attached on the CPU with [`attach_mtp`](Self::attach_mtp), if any, to
+    /// build an [`MtpDrafter`] directly (e.g. to read its [`MtpDrafter::times`]).
     pub fn mtp_setup(&self) -> Option<Arc<MtpSetup>> {
-        self.mtp.clone()
+        match self.mtp.as_ref()? {
+            Placed::Cpu(s) => Some(s.clone()),
+            Placed::Cuda(_) => None,
+        }
+    }
+
+    /// The MTP block attached on a CUDA device, if any.
+    pub fn mtp_setup_cuda(&self) -> Option<Arc<MtpSetup<CudaDraft>>> {
+        match self.mtp.as_ref()? {
+            Placed::Cuda(s) => Some(s.clone()),
+            Placed::Cpu(_) => None,
+        }
     }
 
     /// Loads the DFlash drafter in `dir` (z-lab's checkpoint format) for this engine's model:
-    /// `--draft dflash` then drafts with it, as a `shape` of draft. Its weights are requantized
-    /// to Q8_0 for the CPU's int8 kernels ([`DFlash::quantize_q8_0`]): on the 2-core VM the
-    /// block pass of the SmolLM2 drafter took about half the time of its bf16 weights' f32
-    /// products, and its drafts were accepted as often (bench/RESULTS.md).
+    /// `--draft dflash` then drafts with it, as a `shape` of draft, on the device the model
+    /// runs on. On the CPU its weights are requantized to Q8_0 for the int8 kernels
+    /// ([`DFlash::quantize_q8_0`]): on the 2-core VM the block pass of the SmolLM2 drafter
+    /// took about half the time of its bf16 weights' f32 products, and its drafts were
+    /// accepted as often (bench/RESULTS.md). On a GPU it keeps its stored weights.
     pub fn attach_dflash(&mut self, dir: &Path, shape: DraftShape) -> Result<()> {
         let m = &self.model;
-        if m.host_matrices_released || m.accel.is_some() {
-            bail!("DFlash drafting runs on the CPU backend for now: use --device cpu");
+        let on_gpu = cuda_model(m);
+        if on_gpu.is_none() && (m.host_matrices_released || m.accel.is_some()) {
+            bail!(
+                "DFlash drafting runs on the CPU or a CUDA device, not on {}",
+                self.device()
+            );
         }
         let mut model = DFlash::load(dir, m.cfg.hidden_size, m.cfg.vocab_size)
             .with_context(|| format!("cannot load the DFlash drafter in {}", dir.display()))?;
-        model.quantize_q8_0();
         let points = model.cfg.hidden_points();
         if let Some(&p) = points.iter().find(|&&p| p > m.cfg.num_layers) {
             bail!(
@@ -164,14 +217,28 @@ impl Engine {
                 m.cfg.num_layers
             );
         }
+        if let Some(cm) = on_gpu {
+            check_block_on_cuda(&model)?;
+            let model = upload_dflash(&cm, &model).context("uploading the DFlash drafter")?;
+            self.dflash = Some(Placed::Cuda(Arc::new(DFlashSetup {
+                model,
+                target: CudaDraft::new(cm),
+                shape,
+                context: self.context_size,
+            })));
+            return Ok(());
+        }
+        model.quantize_q8_0();
         let head = m.lm_head.clone().unwrap_or_else(|| m.embed.clone());
-        self.dflash = Some(Arc::new(DFlashSetup {
+        self.dflash = Some(Placed::Cpu(Arc::new(DFlashSetup {
             model,
-            embed: m.embed.clone(),
-            head,
+            target: CpuDraft {
+                embed: m.embed.clone(),
+                head,
+            },
             shape,
             context: self.context_size,
-        }));
+        })));
         Ok(())
     }
 }
@@ -188,4 +255,25 @@ fn draft_head(head: &Matrix, rows: usize) -> Matrix {
     let mut m = Matrix::new(rows, cols, WeightData::F32(data));
     requantize_q8_0(&mut m);
     m
+}
+
+/// What the CUDA op set takes of a DFlash drafter: its block in one attention piece and heads
+/// the attention kernels take.
+fn check_block_on_cuda(d: &DFlash) -> Result<()> {
+    let c = &d.cfg;
+    if c.block_size > crate::cuda::MAX_ROWS {
+        bail!(
+            "a DFlash block of {} rows does not run on CUDA (at most {})",
+            c.block_size,
+            crate::cuda::MAX_ROWS
+        );
+    }
+    if !yomi_cuda::ATTN_HEAD_DIMS.contains(&c.head_dim) {
+        bail!(
+            "the CUDA attention kernels take head_dim in {:?}, not the drafter's {}",
+            yomi_cuda::ATTN_HEAD_DIMS,
+            c.head_dim
+        );
+    }
+    Ok(())
 }

@@ -82,9 +82,19 @@ pub struct Engine {
     /// The verify-pass cost fit, carried from request to request ([`yomi_spec::PassCost`]).
     pub(crate) pass_cost: std::sync::Mutex<yomi_spec::PassCost>,
     /// The DFlash drafter attached with [`Engine::attach_dflash`], if any.
-    pub(crate) dflash: Option<std::sync::Arc<crate::dflash_drafter::DFlashSetup>>,
+    pub(crate) dflash: Option<
+        crate::drafting::Placed<
+            crate::dflash_drafter::DFlashSetup,
+            crate::dflash_drafter::DFlashSetup<crate::cuda::CudaDraft>,
+        >,
+    >,
     /// The MTP block attached with [`Engine::attach_mtp`], if any.
-    pub(crate) mtp: Option<std::sync::Arc<crate::mtp_drafter::MtpSetup>>,
+    pub(crate) mtp: Option<
+        crate::drafting::Placed<
+            crate::mtp_drafter::MtpSetup,
+            crate::mtp_drafter::MtpSetup<crate::cuda::CudaDraft>,
+        >,
+    >,
     /// The grammar compiler for this vocabulary, made by the first constrained request
     /// ([`Engine::constraint`]); the error when the vocabulary's bytes are unknown.
     pub(crate) grammars: std::sync::OnceLock<

@@ -5,6 +5,7 @@ pub mod constraint;
 pub mod cuda;
 pub mod dflash_drafter;
 pub mod draft_cost;
+pub mod draft_ops;
 mod draft_rounds;
 pub mod drafting;
 pub mod engine;

@@ -18,7 +18,8 @@
 //!   included); [`Backoff`] skips rounds while drafting does not pay and calibrates the scores
 //!   by depth. `mixed` adds the suffix drafter's branch to the same pass.
 //!
-//! The block runs on the CPU backend. Its distributions are conditional (each step sees the
+//! The block runs on any backend ([`DraftOps`]): the CPU's, or the GPU that runs the target.
+//! Its distributions are conditional (each step sees the
 //! drafted token before it), but on the block's own output instead of the trunk's, so deeper
 //! steps are accepted less often; the verify pass keeps the output lossless whatever is
 //! proposed.
@@ -27,10 +28,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use yomi_core::TreeBatch;
-use yomi_cpu::backend::Cpu;
 use yomi_models::mtp::{Mtp, MtpRows, MtpState};
 use yomi_spec::{DraftTree, Drafter};
-use yomi_weights::Matrix;
+
+use crate::draft_ops::{Buf, CpuDraft, DraftOps};
 
 use crate::dflash_drafter::DraftShape;
 use crate::draft_rounds::{DraftRounds, push_preorder};
@@ -51,11 +52,10 @@ const STEP_DECAY: f64 = 0.8;
 
 /// A loaded MTP block and what it reads of the target, shared by the drafters of every
 /// request.
-pub struct MtpSetup {
-    pub model: Mtp,
-    /// The target's embedding table and LM head.
-    pub embed: Arc<Matrix>,
-    pub head: Arc<Matrix>,
+pub struct MtpSetup<D: DraftOps = CpuDraft> {
+    pub model: Mtp<D::B>,
+    /// Where it runs, with the target's embedding table and the LM head it drafts with.
+    pub target: D,
     pub shape: DraftShape,
     /// Most drafting steps (the chain's length, the tree's depth).
     pub steps: usize,
@@ -93,9 +93,12 @@ struct Node {
 }
 
 /// One drafting sequence's MTP state.
-pub struct MtpDrafter {
-    setup: Arc<MtpSetup>,
-    state: MtpState,
+pub struct MtpDrafter<D: DraftOps = CpuDraft> {
+    setup: Arc<MtpSetup<D>>,
+    /// The op set this drafter runs on, and its ranking space (None: it could not be made).
+    b: D::B,
+    ranker: Option<D::Ranker>,
+    state: MtpState<D::B>,
     points: [usize; 1],
     /// Committed rows waiting for the block's cache: x_{t+1} and h_t from the cache's next
     /// position on.
@@ -111,16 +114,19 @@ pub struct MtpDrafter {
     row_s: Vec<f32>,
     tree: TreeBatch,
     normed: Vec<f32>,
-    logits: Vec<f32>,
+    logits: Buf<D>,
+    /// Each ranked row's candidates, and the last step's rows flattened (`TOP_K` per row).
+    row_tops: Vec<Vec<(u32, f32)>>,
     top: Vec<(u32, f32)>,
-    /// One row's candidates, the nodes a step expands and the draft's order (kept between
-    /// rounds: a round allocates nothing once they have grown).
-    row_top: Vec<(u32, f32)>,
+    /// The nodes a step expands and the draft's order (kept between rounds: a round
+    /// allocates nothing once they have grown).
     frontier: Vec<usize>,
     order: Vec<usize>,
     nodes: Vec<Node>,
-    /// The block's cache is full: propose nothing until the next request.
+    /// The block's cache is full, or an op failed: propose nothing until the next request.
     full: bool,
+    /// The first error of the drafter's ops, if one stopped it.
+    error: Option<String>,
     /// The verify cost, the back-off, the suffix branch and learning from each round.
     rounds: DraftRounds,
     /// The decayed mean time of one drafting step (seconds).
@@ -128,14 +134,19 @@ pub struct MtpDrafter {
     times: MtpTimes,
 }
 
-impl MtpDrafter {
-    pub fn new(setup: Arc<MtpSetup>) -> Self {
+impl<D: DraftOps> MtpDrafter<D> {
+    pub fn new(setup: Arc<MtpSetup<D>>) -> Self {
         let most_rows = 1 + WIDTH * setup.steps;
-        let state = setup.model.new_state(&Cpu, setup.context, most_rows);
+        let b = setup.target.ops();
+        let state = setup.model.new_state(&b, setup.context, most_rows);
         let mixed = setup.shape == DraftShape::Mixed;
         // Point L: the trunk's final-norm output (the vector its LM head reads).
         let points = [setup.model.trunk_layers()];
+        let ranker = setup.target.ranker(WIDTH, setup.target.head_rows());
+        let error = ranker.as_ref().err().map(|e| format!("{e:#}"));
         MtpDrafter {
+            b,
+            ranker: ranker.ok(),
             state,
             points,
             setup,
@@ -149,13 +160,14 @@ impl MtpDrafter {
             row_s: Vec::new(),
             tree: TreeBatch::chain(1),
             normed: Vec::new(),
-            logits: Vec::new(),
+            logits: Default::default(),
+            row_tops: Vec::new(),
             top: Vec::new(),
-            row_top: Vec::with_capacity(TOP_K),
             frontier: Vec::new(),
             order: Vec::new(),
             nodes: Vec::new(),
-            full: false,
+            full: error.is_some(),
+            error,
             rounds: DraftRounds::new(mixed),
             step_secs: None,
             times: MtpTimes::default(),
@@ -165,6 +177,22 @@ impl MtpDrafter {
     /// Where this drafter's time went so far.
     pub fn times(&self) -> MtpTimes {
         self.times
+    }
+
+    /// The error that stopped this drafter, if one did (drafting then stops; the output, which
+    /// the target verifies, is unaffected).
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+
+    /// Stops drafting after a failed op (`err`, else the op set's own first error) or a full
+    /// cache (neither).
+    fn stop(&mut self, err: Option<anyhow::Error>) {
+        self.full = true;
+        let err = err.or_else(|| self.setup.target.take_error(&self.b));
+        if let (None, Some(e)) = (&self.error, err) {
+            self.error = Some(format!("{e:#}"));
+        }
     }
 
     fn hidden_size(&self) -> usize {
@@ -198,19 +226,23 @@ impl MtpDrafter {
         let ok = s
             .model
             .pass(
-                &Cpu,
+                &self.b,
                 &mut self.state,
-                &s.embed,
+                s.target.embed(),
                 rows,
                 out,
                 &mut self.normed,
-                Some(&s.head),
+                Some(s.target.head()),
                 &mut self.logits,
             )
             .is_ok()
-            && s.model.commit(&Cpu, &mut self.state, commit).is_ok();
+            && s.model.commit(&self.b, &mut self.state, commit).is_ok();
         if !ok {
-            self.full = true;
+            self.stop(None);
+            return false;
+        }
+        if let Some(e) = s.target.take_error(&self.b) {
+            self.stop(Some(e));
             return false;
         }
         let t1 = Instant::now();
@@ -218,12 +250,30 @@ impl MtpDrafter {
         self.times.rows += self.tokens.len() as u64;
         self.times.passes += (t1 - t0).as_secs_f64();
         self.row_s.extend_from_slice(&self.normed);
-        let v = s.model_vocab();
+        let v = s.target.head_rows();
+        self.row_tops.resize_with(out, Vec::new);
+        let Some(ranker) = self.ranker.as_mut() else {
+            self.stop(None);
+            return false;
+        };
+        let ranked = s.target.rank(
+            &self.b,
+            ranker,
+            &self.logits,
+            out,
+            v,
+            TOP_K,
+            yomi_cpu::top_k::top_k_softmax,
+            &mut self.row_tops,
+        );
+        if let Err(e) = ranked {
+            self.stop(Some(e));
+            return false;
+        }
         self.top.clear();
-        for row in self.logits[..out * v].chunks_exact(v) {
-            yomi_cpu::top_k::top_k_softmax(row, TOP_K, &mut self.row_top);
-            self.row_top.resize(TOP_K, (0, 0.0));
-            self.top.extend_from_slice(&self.row_top);
+        for row in &mut self.row_tops[..out] {
+            row.resize(TOP_K, (0, 0.0));
+            self.top.extend_from_slice(row);
         }
         self.times.rank += t1.elapsed().as_secs_f64();
         true
@@ -373,13 +423,7 @@ impl MtpDrafter {
     }
 }
 
-impl MtpSetup {
-    fn model_vocab(&self) -> usize {
-        self.head.rows
-    }
-}
-
-impl Drafter for MtpDrafter {
+impl<D: DraftOps> Drafter for MtpDrafter<D> {
     fn propose(&mut self, context: &[u32], budget: usize, out: &mut DraftTree) {
         let ready = context.len() > 1 && self.ready(context.len() - 1);
         let Some(plan) = self.rounds.begin(context, budget, out, ready) else {
@@ -408,7 +452,8 @@ impl Drafter for MtpDrafter {
 
     fn start_request(&mut self) {
         self.state.reset(0);
-        self.full = false;
+        // A drafter stopped by an error stays stopped.
+        self.full = self.error.is_some();
         self.wait_tokens.clear();
         self.wait_hidden.clear();
         self.last = None;

@@ -26,6 +26,12 @@ pub trait Accelerator: Send + Sync {
     /// The device in words, for logs and stats (e.g. "cuda:0 NVIDIA H200").
     fn describe(&self) -> String;
 
+    /// The accelerator itself, for code that knows its concrete type (a drafter that runs
+    /// on the same device reads the target's device weights); None by default.
+    fn as_any_arc(self: std::sync::Arc<Self>) -> Option<std::sync::Arc<dyn Any + Send + Sync>> {
+        None
+    }
+
     /// The most rows of a tree (not a chain) one pass takes; longer chains are fine.
     fn max_tree_rows(&self) -> usize;
 

@@ -3,6 +3,7 @@
 //! the weights and hangs the accelerator on the model, after which `Model::forward`/`commit`
 //! (and so the engine, CLI and server) run here.
 
+mod draft;
 mod forward;
 mod prefix;
 mod state;
@@ -15,6 +16,7 @@ use anyhow::{Result, anyhow};
 use yomi_core::{TopRows, TreeBatch};
 use yomi_models::{AccelState, Accelerator, HiddenTaps, LogitRows, Model, ModelConfig};
 
+pub use draft::{CudaDraft, CudaRanker, upload_dflash, upload_mtp};
 pub use state::{CudaState, MAX_ROWS};
 pub use stream::Uploader;
 use weights::DevWeights;
@@ -187,6 +189,10 @@ impl Accelerator for CudaModel {
         format!("cuda:{} ({})", self.dev.ordinal(), self.dev.name())
     }
 
+    fn as_any_arc(self: Arc<Self>) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        Some(self)
+    }
+
     /// Prefill passes of CHUNK_ROWS rows: every weight is read once per CHUNK_ROWS prompt tokens.
     fn prefill_rows(&self) -> Option<usize> {
         self.dev.options().chunk.then_some(CHUNK_ROWS)
@@ -300,6 +306,17 @@ fn open_device(ordinal: usize, opts: &yomi_cuda::CudaOptions) -> Result<Arc<Cuda
         );
     }
     Ok(Arc::new(CudaDevice::open_with(ordinal, opts.clone())?))
+}
+
+/// The CUDA model a model's passes run on, if they run on one (drafters on the same device
+/// read its weights).
+pub fn cuda_model(model: &Model) -> Option<Arc<CudaModel>> {
+    model
+        .accel
+        .clone()?
+        .as_any_arc()?
+        .downcast::<CudaModel>()
+        .ok()
 }
 
 /// Opens CUDA device `ordinal` with `opts`, uploads `model`'s weights there and makes the model

@@ -30,7 +30,7 @@ pub struct DevWeights {
 
 /// Uploads one matrix in its own format: f32/bf16/f16 as they are, GGML blocks as blocks (the
 /// quantized GEMV kernels read them; never dequantized whole).
-fn upload_matrix(dev: &CudaDevice, m: &Matrix) -> Result<DeviceMatrix> {
+pub(super) fn upload_matrix(dev: &CudaDevice, m: &Matrix) -> Result<DeviceMatrix> {
     refuse_rotated(m)?;
     Ok(match &m.data {
         WeightData::F32(v) => DeviceMatrix::from_f32(dev, m.rows, m.cols, v)?,
@@ -184,11 +184,11 @@ fn upload_gate_up(
     }
 }
 
-fn upload_vec(dev: &CudaDevice, v: &[f32]) -> Result<CudaSlice<f32>> {
+pub(super) fn upload_vec(dev: &CudaDevice, v: &[f32]) -> Result<CudaSlice<f32>> {
     Ok(dev.upload(v)?)
 }
 
-fn upload_opt(dev: &CudaDevice, v: &Option<Vec<f32>>) -> Result<Option<CudaSlice<f32>>> {
+pub(super) fn upload_opt(dev: &CudaDevice, v: &Option<Vec<f32>>) -> Result<Option<CudaSlice<f32>>> {
     v.as_deref().map(|x| upload_vec(dev, x)).transpose()
 }
 
