@@ -13,13 +13,16 @@
 #
 #   here:  bash bench/cuda_check.sh stage
 #          (builds the GPU test binaries in release, strips them into .device/cuda/, copies the
-#          fixtures there, packs it all into .device/cuda.tgz and splits the GGUF into
+#          fixtures there, packs it all into .device/cuda.txz (xz: a call carries 64 MiB) and splits the GGUF into
 #          .device/smollm2/part.{0..3})
 #   there: bash bench/cuda_check.sh put .device/smollm2/part.N     carry: .device/smollm2/part.N
 #          (for N = 0 … 3)
-#          bash bench/cuda_check.sh run                            carry: .device/cuda.tgz
+#          bash bench/cuda_check.sh put .device/hybrid/hpart.N      carry: .device/hybrid/hpart.N
+#          (for N = 0 … 2: yomi-code-hybrid's weight shards, 59 MB)
+#          bash bench/cuda_check.sh run                            carry: .device/cuda.txz
 #
-# `run` without the GGUF in place runs everything else and lists the SmolLM2 tests as not run.
+# `run` without the GGUF (or the shards) in place runs everything else and lists the SmolLM2
+# (hybrid) tests as not run.
 # Timing tests (names starting with z_) are left out unless TIMINGS=1. The logs, joined, go to
 # $OUT/cuda_check.log when OUT is set.
 set -euo pipefail
@@ -33,7 +36,7 @@ stage() {
     rm -rf "$STAGE" .device/smollm2
     mkdir -p "$STAGE/bin" "$STAGE/fixtures" .device/smollm2
     { cargo test --release -p yomi-cuda --locked --no-run --message-format=json 2>/dev/null
-      cargo test --release -p yomi-engine --test gpu_model --locked --no-run --message-format=json 2>/dev/null; } |
+      cargo test --release -p yomi-engine --test gpu_model --test gpu_drafters --locked --no-run --message-format=json 2>/dev/null; } |
         python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -54,9 +57,14 @@ for line in sys.stdin:
     split -b 25M -d -a 1 "$gguf" .device/smollm2/part.
     md5sum <"$gguf" | cut -d' ' -f1 >.device/smollm2/md5
     cp .device/smollm2/md5 "$STAGE/smollm2.md5"
-    tar czf .device/cuda.tgz -C .device cuda
+    # yomi-code-hybrid's shards (gitignored: they do not travel with the working tree).
+    bash models/yomi-code-hybrid/restore_weights.sh >/dev/null
+    rm -rf .device/hybrid && mkdir -p .device/hybrid
+    tar cf - -C models/yomi-code-hybrid model-0000{1,2,3}-of-00003.safetensors |
+        split -b 25M -d -a 1 - .device/hybrid/hpart.
+    XZ_OPT=-6 tar cJf .device/cuda.txz -C .device cuda
     echo "staged: $(ls "$STAGE/bin" | tr '\n' ' ')"
-    du -sh "$STAGE" .device/cuda.tgz .device/smollm2/part.*
+    du -sh "$STAGE" .device/cuda.txz .device/smollm2/part.* .device/hybrid/hpart.*
 }
 
 put() {
@@ -71,7 +79,7 @@ run() {
     rm -rf "$out"
     mkdir -p "$out"
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-    [ -d "$STAGE" ] || tar xzf .device/cuda.tgz -C .device
+    [ -d "$STAGE" ] || tar xJf .device/cuda.txz -C .device
     if compgen -G "$GGUF_HOME/part.*" >/dev/null; then
         cat "$GGUF_HOME"/part.* >"$gguf"
     fi
@@ -80,6 +88,13 @@ run() {
     else
         echo "SmolLM2 GGUF not in place: its tests are not run"
         skip+=(--skip smollm2)
+    fi
+    if compgen -G "$GGUF_HOME/hpart.*" >/dev/null; then
+        cat "$GGUF_HOME"/hpart.* | tar xf - -C models/yomi-code-hybrid
+    fi
+    if ! (cd models/yomi-code-hybrid && sha256sum -c --quiet weights.sha256 2>/dev/null); then
+        echo "yomi-code-hybrid's shards not in place: its tests are not run"
+        skip+=(--skip hybrid)
     fi
     [ "${TIMINGS:-0}" = 1 ] || skip+=(--skip z_)
     # Not a check: it writes files for tools/host_sim.sh.

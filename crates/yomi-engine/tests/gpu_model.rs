@@ -23,109 +23,8 @@ use yomi_engine::{Engine, EngineOptions, GenerateParams, Generation};
 use yomi_models::{HiddenTaps, KvDtype, LogitRows, Model, State};
 use yomi_spec::{DraftTree, Drafter};
 
-/// The device options of the environment (the `yomi` binary's `YOMI_CUDA_*` switches and
-/// kernel cache), as the other GPU tests open their device.
-#[path = "../../yomi-cuda/examples/common/options.rs"]
-mod options;
-use options::cuda_options_from_env;
-
-/// The repository root: `$YOMI_REPO` (a binary run on another machine), else where it was built.
-fn repo() -> PathBuf {
-    std::env::var_os("YOMI_REPO")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.."))
-}
-
-/// `$YOMI_FIXTURES/name`, else `../shared/fixtures/name` beside the repo.
-fn fixture(name: &str) -> PathBuf {
-    let base = std::env::var_os("YOMI_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join("../shared/fixtures"));
-    let p = base.join(name);
-    assert!(p.is_dir(), "fixture {} not found", p.display());
-    p
-}
-
-fn test_data(name: &str) -> PathBuf {
-    repo().join("tests/data").join(name)
-}
-
-/// An engine with an f32 K/V cache on the CPU (the CPU's default f16 cache rounds every
-/// cached value to 11 significant bits, ~1e-3 on these logits: the GPU-vs-CPU bounds below are
-/// for the exact cache).
-fn engine(path: &Path, ctx: usize) -> Engine {
-    let opts = EngineOptions {
-        context_size: Some(ctx),
-        threads: None,
-        kv_cache: Some(KvDtype::F32),
-        ..Default::default()
-    };
-    Engine::load(path, &opts, &mut |_, _| {}).expect("load engine")
-}
-
-/// The same model twice: on the CPU and on GPU 0.
-fn pair(path: &Path, ctx: usize) -> (Engine, Engine) {
-    let cpu = engine(path, ctx);
-    let mut gpu = engine(path, ctx);
-    yomi_engine::cuda::attach(&mut gpu.model, 0, &cuda_options_from_env(), &mut |_, _| {})
-        .expect("attach the GPU");
-    (cpu, gpu)
-}
-
-struct Reference {
-    f32s: std::collections::HashMap<String, Vec<f32>>,
-    ints: std::collections::HashMap<String, Vec<i64>>,
-}
-
-impl Reference {
-    fn open(dir: &Path) -> Self {
-        let bytes = std::fs::read(dir.join("reference.safetensors")).expect("read reference");
-        let st = safetensors::SafeTensors::deserialize(&bytes).expect("parse reference");
-        let mut f32s = std::collections::HashMap::new();
-        let mut ints = std::collections::HashMap::new();
-        for (name, view) in st.tensors() {
-            let d = view.data();
-            match view.dtype() {
-                safetensors::Dtype::F32 => {
-                    let v = d
-                        .chunks_exact(4)
-                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                        .collect();
-                    f32s.insert(name, v);
-                }
-                safetensors::Dtype::I64 => {
-                    let v = d
-                        .chunks_exact(8)
-                        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-                        .collect();
-                    ints.insert(name, v);
-                }
-                _ => {}
-            }
-        }
-        Reference { f32s, ints }
-    }
-    fn f(&self, name: &str) -> &[f32] {
-        &self.f32s[name]
-    }
-    fn ids(&self, name: &str) -> Vec<u32> {
-        self.ints[name].iter().map(|&x| x as u32).collect()
-    }
-    fn parents(&self, name: &str) -> Vec<i32> {
-        self.ints[name].iter().map(|&x| x as i32).collect()
-    }
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len(), "length mismatch");
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| {
-            assert!(x.is_finite(), "non-finite logit");
-            (x - y).abs()
-        })
-        .fold(0.0, f32::max)
-}
+mod gpu_common;
+use gpu_common::*;
 
 fn argmax(x: &[f32]) -> u32 {
     yomi_core::sampling::argmax(x)
@@ -647,8 +546,8 @@ fn check_streamed_load(path: &Path) {
         kv_cache: Some(KvDtype::F32),
         ..Default::default()
     };
-    let mut up = yomi_engine::cuda::Uploader::open(0, &options::cuda_options_from_env())
-        .expect("open the GPU");
+    let mut up =
+        yomi_engine::cuda::Uploader::open(0, &cuda_options_from_env()).expect("open the GPU");
     let mut streamed =
         Engine::load_into(path, &opts, &mut |_, _| {}, Some(&mut up)).expect("streamed load");
     assert!(!up.failed());
