@@ -5,7 +5,7 @@
 # used for tuning), through `yomi run --raw` (greedy; the output must be the same token for
 # token in every mode).
 #
-#   bash bench/mtp_eval.sh [MODEL] [N_PROMPTS] [MAX_TOKENS]
+#   [DEVICE=cuda] bash bench/mtp_eval.sh [MODEL] [N_PROMPTS] [MAX_TOKENS]
 #
 # MODEL defaults to models/yomi-code-hybrid (run its restore_weights.sh first). The drafting
 # head covers the first 16,384 ids (`--mtp-vocab`'s default) but in `mtp chain 3 all`.
@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-models/yomi-code-hybrid}
 mtp="--draft mtp --draft-tree"
-python3 bench/spec_eval.py --yomi "${YOMI_BIN:-target/release/yomi}" --model "$model" --raw \
+python3 bench/spec_eval.py --yomi "${YOMI_BIN:-target/release/yomi}" --device "${DEVICE:-cpu}" --model "$model" --raw \
     --prompts tools/train/data/code_eval.jsonl.gz --n "${2:-32}" --max-tokens "${3:-128}" \
     --mode "none=--draft none" --mode "suffix=--draft suffix" \
     --mode "mtp chain 1=$mtp chain --mtp-steps 1" \

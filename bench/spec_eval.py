@@ -4,7 +4,7 @@
 Called by bench/dflash_eval.sh and bench/mtp_eval.sh, which fix the prompts and the modes.
 
     python3 bench/spec_eval.py --model M --prompts FILE.jsonl.gz [--n N] [--max-tokens T]
-        [--raw] --mode NAME='FLAGS' [--mode ...]
+        [--raw] [--device cuda] --mode NAME='FLAGS' [--mode ...]
 
 The first mode is the baseline (plain decoding). The modes take turns on each prompt, so that
 a machine whose speed drifts (other jobs on a shared VM) moves every mode alike. Prints one
@@ -28,6 +28,7 @@ def main():
     ap.add_argument("--n", type=int, default=20)
     ap.add_argument("--max-tokens", default="128")
     ap.add_argument("--raw", action="store_true", help="prompts are raw text, no chat template")
+    ap.add_argument("--device", default="cpu", help="yomi's --device (cpu or cuda)")
     ap.add_argument("--mode", action="append", required=True, metavar="NAME=FLAGS")
     a = ap.parse_args()
     modes = dict(m.split("=", 1) for m in a.mode)
@@ -36,7 +37,7 @@ def main():
     runs = {name: [] for name in modes}
     for p in prompts:
         for name, flags in modes.items():
-            r = subprocess.run([a.yomi, "run", "-M", a.model, "--device", "cpu",
+            r = subprocess.run([a.yomi, "run", "-M", a.model, "--device", a.device,
                                 "--temperature", "0", "--max-tokens", a.max_tokens, "--json",
                                 *raw, *shlex.split(flags), "-m", p],
                                capture_output=True, text=True, check=True)
