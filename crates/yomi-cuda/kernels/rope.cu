@@ -9,6 +9,13 @@
 // Shapes: x [T, H, head_dim] f32; pos [T] i32 (committed + depth of the row); inv_freq [rot/2]
 // f32. One thread per (t, h, i): T·H·rot/2 threads.
 
+// Rotates the pair (hp[i], hp[half + i]) of one head by the angle of cosine c and sine s.
+__device__ __forceinline__ void rope_rotate_pair(float* hp, int i, int half, float c, float s) {
+    const float a = hp[i], b = hp[half + i];
+    hp[i] = a * c - b * s;
+    hp[half + i] = b * c + a * s;
+}
+
 extern "C" __global__ void rope_neox_f32(float* __restrict__ x, const int* __restrict__ pos,
                                          const float* __restrict__ inv_freq, int t_rows,
                                          int heads, int head_dim, int rot) {
@@ -22,10 +29,7 @@ extern "C" __global__ void rope_neox_f32(float* __restrict__ x, const int* __res
     const int t = (int)(th / heads);
     float s, c;
     sincosf((float)pos[t] * inv_freq[i], &s, &c);
-    float* hp = x + th * head_dim;
-    const float a = hp[i], b = hp[half + i];
-    hp[i] = a * c - b * s;
-    hp[half + i] = b * c + a * s;
+    rope_rotate_pair(x + th * head_dim, i, half, c, s);
 }
 
 // The same rotation with the angles' cos and sin from a table the host filled (a drafter whose
@@ -44,8 +48,5 @@ extern "C" __global__ void rope_neox_table_f32(float* __restrict__ x,
     const long long th = idx / half;  // t * heads + h
     const int t = (int)(th / heads);
     const float c = cos_sin[(long long)t * rot + i], s = cos_sin[(long long)t * rot + half + i];
-    float* hp = x + th * head_dim;
-    const float a = hp[i], b = hp[half + i];
-    hp[i] = a * c - b * s;
-    hp[half + i] = b * c + a * s;
+    rope_rotate_pair(x + th * head_dim, i, half, c, s);
 }

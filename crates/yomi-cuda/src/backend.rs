@@ -455,6 +455,23 @@ impl Cuda {
         ))
     }
 
+    /// Makes the attention scratch fit `dims` over a cache of `capacity` rows.
+    fn size_attn_scratch(&self, sh: &mut Shared, dims: AttnDims, capacity: usize) -> Result<()> {
+        if sh
+            .attn
+            .as_ref()
+            .is_none_or(|(d, cap, _)| *d != dims || *cap != capacity)
+        {
+            sh.attn = Some((
+                dims,
+                capacity,
+                AttnScratch::new(&self.dev, MAX_ROWS, dims, capacity)?,
+            ));
+            self.epoch.set(self.epoch.get() + 1);
+        }
+        Ok(())
+    }
+
     /// Copies `t` packed rows of `k`, `v` ([t, n_kv·hd]) to cache rows `at ..`.
     fn store_kv(
         &self,
@@ -938,18 +955,7 @@ impl Backend for Cuda {
             let sh = &mut *sh;
             grow(&self.dev, &self.epoch, &mut sh.q, MAX_ROWS * nh * hd)?;
             grow(&self.dev, &self.epoch, &mut sh.gate, MAX_ROWS * nh * hd)?;
-            if sh
-                .attn
-                .as_ref()
-                .is_none_or(|(d, cap, _)| *d != dims || *cap != cache.capacity)
-            {
-                sh.attn = Some((
-                    dims,
-                    cache.capacity,
-                    AttnScratch::new(&self.dev, MAX_ROWS, dims, cache.capacity)?,
-                ));
-                self.epoch.set(self.epoch.get() + 1);
-            }
+            self.size_attn_scratch(sh, dims, cache.capacity)?;
             let (Some(qs), Some(gs), Some((_, _, scratch))) =
                 (&mut sh.q, &mut sh.gate, &mut sh.attn)
             else {
@@ -1068,18 +1074,7 @@ impl Backend for Cuda {
             };
             let mut sh = self.shared.borrow_mut();
             let sh = &mut *sh;
-            if sh
-                .attn
-                .as_ref()
-                .is_none_or(|(d, cap, _)| *d != dims || *cap != cache.capacity)
-            {
-                sh.attn = Some((
-                    dims,
-                    cache.capacity,
-                    AttnScratch::new(&self.dev, MAX_ROWS, dims, cache.capacity)?,
-                ));
-                self.epoch.set(self.epoch.get() + 1);
-            }
+            self.size_attn_scratch(sh, dims, cache.capacity)?;
             let all = (1u64 << t) - 1;
             sh.block_host.clear();
             sh.block_host.resize(t, all);

@@ -871,52 +871,19 @@ impl CudaDevice {
         inv_freq: &CudaSlice<f32>,
     ) -> Result<()> {
         ensure!(
-            rot.is_multiple_of(2) && rot > 0 && rot <= head_dim,
-            "rope: rot = {rot} must be even and in 2..={head_dim}"
-        );
-        ensure!(
             inv_freq.len() == rot / 2,
             "rope: inv_freq has {} values, not rot/2 = {}",
             inv_freq.len(),
             rot / 2
         );
         ensure!(
-            x.len() == t * heads * head_dim,
-            "rope: x has {} values, not [T={t}, H={heads}, D={head_dim}]",
-            x.len()
-        );
-        ensure!(
             positions.len() >= t,
             "rope: {} positions for {t} rows",
             positions.len()
         );
-        let total = (t * heads * rot / 2) as u64;
-        if total == 0 {
-            return Ok(());
-        }
-        let f = self.func(Module::Rope, "rope_neox_f32")?;
-        let args = [
-            as_i32(t, "T")?,
-            as_i32(heads, "heads")?,
-            as_i32(head_dim, "head_dim")?,
-            as_i32(rot, "rot")?,
-        ];
-        let cfg = LaunchConfig {
-            grid_dim: (total.div_ceil(256) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        guard("rope", || {
-            let st = self.stream();
-            let (xp, pp) = (dptr_mut(x, st), dptr(positions, st));
-            let mut b = self.launch(&f);
-            b.arg(&xp).arg(&pp).arg(inv_freq);
-            for a in &args {
-                b.arg(a);
-            }
-            // SAFETY: argument types match `rope_neox_f32`; lengths checked.
-            unsafe { b.launch(cfg) }.map_err(launch_err("rope_neox_f32"))
-        })
+        let st = self.stream();
+        let angles = [dptr(positions, st), dptr(inv_freq, st)];
+        self.rope_launch("rope_neox_f32", x, [t, heads, head_dim, rot], &angles)
     }
 
     /// Partial NeoX RoPE in place on x [T, heads, head_dim] with the angles from a host-filled
@@ -932,6 +899,24 @@ impl CudaDevice {
         cos_sin: &impl DevicePtr<f32>,
     ) -> Result<()> {
         ensure!(
+            cos_sin.len() >= t * rot,
+            "rope: a table of {} values for {t} rows of {rot}",
+            cos_sin.len()
+        );
+        let angles = [dptr(cos_sin, self.stream())];
+        self.rope_launch("rope_neox_table_f32", x, [t, heads, head_dim, rot], &angles)
+    }
+
+    /// Launches a rope kernel of rope.cu: (x, the angle sources `angles`…, T, heads,
+    /// head_dim, rot), one thread per rotated pair.
+    fn rope_launch(
+        &self,
+        name: &'static str,
+        x: &mut impl DevicePtrMut<f32>,
+        [t, heads, head_dim, rot]: [usize; 4],
+        angles: &[u64],
+    ) -> Result<()> {
+        ensure!(
             rot.is_multiple_of(2) && rot > 0 && rot <= head_dim,
             "rope: rot = {rot} must be even and in 2..={head_dim}"
         );
@@ -940,16 +925,11 @@ impl CudaDevice {
             "rope: x has {} values, not [T={t}, H={heads}, D={head_dim}]",
             x.len()
         );
-        ensure!(
-            cos_sin.len() >= t * rot,
-            "rope: a table of {} values for {t} rows of {rot}",
-            cos_sin.len()
-        );
         let total = (t * heads * rot / 2) as u64;
         if total == 0 {
             return Ok(());
         }
-        let f = self.func(Module::Rope, "rope_neox_table_f32")?;
+        let f = self.func(Module::Rope, name)?;
         let args = [
             as_i32(t, "T")?,
             as_i32(heads, "heads")?,
@@ -961,16 +941,19 @@ impl CudaDevice {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        guard("rope_table", || {
-            let st = self.stream();
-            let (xp, cp) = (dptr_mut(x, st), dptr(cos_sin, st));
+        guard("rope", || {
+            let xp = dptr_mut(x, self.stream());
             let mut b = self.launch(&f);
-            b.arg(&xp).arg(&cp);
+            b.arg(&xp);
+            for a in angles {
+                b.arg(a);
+            }
             for a in &args {
                 b.arg(a);
             }
-            // SAFETY: argument types match `rope_neox_table_f32`; lengths checked.
-            unsafe { b.launch(cfg) }.map_err(launch_err("rope_neox_table_f32"))
+            // SAFETY: the caller's angle sources are the kernel's pointer arguments after x,
+            // in its order; lengths checked.
+            unsafe { b.launch(cfg) }.map_err(launch_err(name))
         })
     }
 
