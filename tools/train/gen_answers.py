@@ -47,8 +47,8 @@ def encode_prompts(tok, rows):
 
 
 @torch.no_grad()
-def generate_batch(model, prompts, max_new, temperature, pad_id, device):
-    """prompts: list of id lists -> list of answer id lists (ending at <|im_end|> included)."""
+def generate_batch(model, prompts, max_new, temperature, pad_id, device, eos=IM_END):
+    """prompts: list of id lists -> list of answer id lists (ending at `eos` included)."""
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -58,15 +58,35 @@ def generate_batch(model, prompts, max_new, temperature, pad_id, device):
     kw = dict(do_sample=False) if temperature == 0 else dict(
         do_sample=True, temperature=temperature, top_p=1.0, top_k=0)
     out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                         max_new_tokens=max_new, eos_token_id=IM_END, pad_token_id=pad_id,
+                         max_new_tokens=max_new, eos_token_id=eos, pad_token_id=pad_id,
                          use_cache=True, **kw)
     out = out[:, width:].cpu().tolist()
     answers = []
     for a in out:
-        if IM_END in a:
-            a = a[: a.index(IM_END) + 1]
+        if eos in a:
+            a = a[: a.index(eos) + 1]
         answers.append(a)
     return answers
+
+
+def code_prompts(stream_path, n, seed, lo=48, hi=320, eos=0):
+    """`n` code-completion prompts from a code_corpus.py token stream (its train split): windows
+    of lo..hi tokens at seeded random offsets, wherever they end (the model completes mid-line
+    too); a window never spans two documents (it holds no end-of-text id)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from code_corpus import read_stream
+
+    stream = read_stream(stream_path)
+    rng = np.random.default_rng(seed)
+    out = []
+    while len(out) < n:
+        length = int(rng.integers(lo, hi + 1))
+        start = int(rng.integers(0, len(stream) - length))
+        w = stream[start:start + length]
+        if (w == eos).any():
+            continue
+        out.append(w.astype(np.int64).tolist())
+    return out
 
 
 def run_shard(model, enc, idxs, args, shard, device, pad_id):
@@ -80,7 +100,7 @@ def run_shard(model, enc, idxs, args, shard, device, pad_id):
             chunk = order[b : b + args.batch]
             temp = 0.0 if mode == "greedy" else rng.choice(args.temperatures)
             answers = generate_batch(model, [enc[i] for i in chunk], args.max_new, temp,
-                                     pad_id, device)
+                                     pad_id, device, args.eos)
             for i, a in zip(chunk, answers):
                 seqs.append(enc[i] + a)
                 plen.append(len(enc[i]))
@@ -109,6 +129,13 @@ def main():
     ap = argparse.ArgumentParser()
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--gguf", default=None)
+    ap.add_argument("--target-hf", default="",
+                    help="a Hugging Face model directory instead of SmolLM2's GGUF (with "
+                         "--code-stream: e.g. models/yomi-code-hybrid)")
+    ap.add_argument("--code-stream", default="",
+                    help="prompts are windows of this code_corpus.py stream (its train split), "
+                         "--prompts of them, instead of the chat prompt split")
+    ap.add_argument("--prompts", type=int, default=24000, help="with --code-stream")
     ap.add_argument("--data", default=os.path.join(here, "data"))
     ap.add_argument("--split", default="train")
     ap.add_argument("--out", default=os.path.join(here, "..", "..", ".device", "train",
@@ -131,12 +158,29 @@ def main():
     t_start = time.time()
     os.makedirs(args.out, exist_ok=True)
 
-    model, hp, g = gguf_llama.load_llama(args.gguf, num_layers=args.layers, device=args.device)
-    tok = gguf_llama.build_tokenizer(g)
-    rows = read_jsonl_gz(os.path.join(args.data, f"{args.split}.jsonl.gz"))
-    if args.limit:
-        rows = rows[: args.limit]
-    enc = encode_prompts(tok, rows)
+    if args.target_hf:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(args.target_hf, dtype=torch.float32)
+        model = model.to(args.device).eval()
+        pad = model.config.pad_token_id
+        pad_id = pad if pad is not None else 0
+        args.eos = model.config.eos_token_id
+    else:
+        model, hp, g = gguf_llama.load_llama(args.gguf, num_layers=args.layers,
+                                             device=args.device)
+        pad_id, args.eos = hp.pad_token_id, IM_END
+    if args.code_stream:
+        rows = code_prompts(args.code_stream, args.prompts, args.seed)
+        if args.limit:
+            rows = rows[: args.limit]
+        enc = rows
+    else:
+        tok = gguf_llama.build_tokenizer(g)
+        rows = read_jsonl_gz(os.path.join(args.data, f"{args.split}.jsonl.gz"))
+        if args.limit:
+            rows = rows[: args.limit]
+        enc = encode_prompts(tok, rows)
     n_shards = (len(rows) + args.shard_size - 1) // args.shard_size
     shards = [int(s) for s in args.shards.split(",")] if args.shards else range(n_shards)
     print(f"{len(rows)} prompts, {n_shards} shards, device {args.device}, "
@@ -150,7 +194,7 @@ def main():
             print(f"time budget: shard {shard} and later not started; rerun to continue")
             break
         idxs = list(range(shard * args.shard_size, min(len(rows), (shard + 1) * args.shard_size)))
-        last = run_shard(model, enc, idxs, args, shard, args.device, hp.pad_token_id)
+        last = run_shard(model, enc, idxs, args, shard, args.device, pad_id)
 
 
 def load_answers(paths):

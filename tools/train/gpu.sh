@@ -25,6 +25,10 @@
 #          .device/code/heldout.u16.xz, .device/code/manifest.json
 #          -> $OUT/hybrid/{weights/part-*.safetensors,config.json,train_log.json}; then here:
 #          python3 tools/train/hybrid_model.py RETURNED/hybrid models/yomi-code-hybrid
+# Its DFlash drafter: answers of the model itself to windows of the code stream's train split,
+# then the drafter (taps 1, 3, 5 of its 8 layers), exported in z-lab's format:
+#   there: bash tools/train/gpu.sh hgen [SECONDS]            carry: .device/code/train.u16.xz
+#          bash tools/train/gpu.sh htrain [SECONDS] [ARGS]   -> $OUT/hdrafter, $OUT/hckpt
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 HOME_DIR="$HOME/yomi-train"
@@ -113,12 +117,52 @@ hybrid() {
         --time-budget "$budget" "$@"
 }
 
+# The DFlash drafter of yomi-code-hybrid: its shards (gitignored) must be in
+# models/yomi-code-hybrid on the machine (bench/cuda_check.sh's payload puts them in
+# $HOME/yomi-cuda-check; `hybrid_shards` copies them from there), the code stream in .device/code.
+hybrid_shards() {
+    local d=models/yomi-code-hybrid
+    if ! (cd "$d" && sha256sum -c --quiet weights.sha256 2>/dev/null); then
+        cp "$HOME"/yomi-cuda-check/model-0000?-of-00003.safetensors "$d/" 2>/dev/null || true
+        (cd "$d" && sha256sum -c --quiet weights.sha256) || {
+            echo "yomi-code-hybrid's shards are not in place (see bench/cuda_check.sh)" >&2
+            exit 3
+        }
+    fi
+}
+
+hgen() {
+    local budget=${1:-540}
+    hybrid_shards
+    local copy=()
+    [ -z "${OUT:-}" ] || copy=(--copy-to "$OUT")
+    python3 tools/train/gen_answers.py --target-hf models/yomi-code-hybrid \
+        --code-stream .device/code/train.u16.xz --split code --out "$HOME_DIR/hanswers" \
+        --shard-size 4000 --batch 512 --max-new 128 --time-budget "$budget" "${copy[@]}"
+}
+
+htrain() {
+    local budget=${1:-510}
+    shift || true
+    hybrid_shards
+    python3 tools/train/train_dflash.py --target-hf models/yomi-code-hybrid \
+        --answers "$HOME_DIR/hanswers/code-*.npz" --ckpt "$HOME_DIR/hckpt" \
+        --export "$HOME_DIR/hdrafter" --time-budget "$budget" "$@"
+    if [ -n "${OUT:-}" ]; then
+        mkdir -p "$OUT/hckpt" "$OUT/hdrafter"
+        cp "$HOME_DIR"/hckpt/* "$OUT/hckpt/"
+        cp "$HOME_DIR"/hdrafter/* "$OUT/hdrafter/"
+    fi
+}
+
 case "${1:-}" in
     stage) stage ;;
+    hgen) hgen "${2:-540}" ;;
+    htrain) shift; htrain "$@" ;;
     put) put "${2:-}" ;;
     gen) gen "${2:-540}" ;;
     train) shift; train "$@" ;;
     eval) evaluate "${2:-200}" ;;
     hybrid) shift; hybrid "$@" ;;
-    *) sed -n '2,27p' "$0"; exit 2 ;;
+    *) sed -n '2,32p' "$0"; exit 2 ;;
 esac

@@ -136,6 +136,38 @@ class Target:
         return taps.features()
 
 
+class HFTarget(Target):
+    """A frozen Hugging Face causal LM directory (e.g. models/yomi-code-hybrid, a Qwen3.5 hybrid
+    with GDN layers), whole, in f32: its taps, tied or own LM head, and the sizes the drafter
+    copies (`hp`, as gguf_llama gives them for SmolLM2)."""
+
+    def __init__(self, path, taps, device):
+        from types import SimpleNamespace
+
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+        self.model.eval().requires_grad_(False)
+        c = self.model.config
+        rope = getattr(c, "rope_parameters", None) or {}
+        self.hp = SimpleNamespace(
+            hidden_size=c.hidden_size, vocab_size=c.vocab_size,
+            num_attention_heads=c.num_attention_heads,
+            num_key_value_heads=c.num_key_value_heads, rms_norm_eps=c.rms_norm_eps,
+            rope_theta=rope.get("rope_theta", getattr(c, "rope_theta", 100000.0)),
+            num_hidden_layers=c.num_hidden_layers, bos_token_id=c.bos_token_id,
+            eos_token_id=c.eos_token_id,
+            pad_token_id=c.pad_token_id if c.pad_token_id is not None else 0)
+        self.taps = taps
+        self.embed = self.model.get_input_embeddings().weight
+        self.head = self.model.get_output_embeddings().weight
+
+
+def hf_num_layers(path):
+    with open(os.path.join(path, "config.json")) as f:
+        return json.load(f)["num_hidden_layers"]
+
+
 # --------------------------------------------------------------------------------------------
 # Checkpoints (≤ 15 MiB per file)
 
@@ -271,11 +303,16 @@ def main():
                     help="glob of gen_answers.py shards")
     ap.add_argument("--eval-answers", default="", help="glob of held-out shards (tune split)")
     ap.add_argument("--gguf", default=None)
+    ap.add_argument("--target-hf", default="",
+                    help="a Hugging Face model directory as the target instead of SmolLM2's "
+                         "GGUF (e.g. models/yomi-code-hybrid)")
     ap.add_argument("--ckpt", default=os.path.join(dev, "ckpt"))
     ap.add_argument("--export", default=os.path.join(dev, "drafter"))
     ap.add_argument("--layers", type=int, default=2, help="draft layers")
     ap.add_argument("--intermediate", type=int, default=1024)
-    ap.add_argument("--taps", default="", help="target layer ids (default: 5 spread over 30)")
+    ap.add_argument("--taps", default="",
+                    help="target layer ids (default: 5 spread over SmolLM2's 30; 3 for a "
+                         "target of fewer than 16 layers)")
     ap.add_argument("--target-layers", type=int, default=None,
                     help="run only this many target layers (smoke tests)")
     ap.add_argument("--block", type=int, default=16)
@@ -310,13 +347,18 @@ def main():
             saved = json.load(f)
         cfg = DFlashConfig(**saved["config"])
     else:
-        taps = [int(t) for t in args.taps.split(",")] if args.taps else spread_layer_ids(30, 5)
+        n_target = hf_num_layers(args.target_hf) if args.target_hf else 30
+        taps = [int(t) for t in args.taps.split(",")] if args.taps else \
+            spread_layer_ids(n_target, 3 if n_target < 16 else 5)
         cfg = DFlashConfig(num_hidden_layers=args.layers, intermediate_size=args.intermediate,
                            block_size=args.block, mask_token_id=args.mask_id,
                            target_layer_ids=taps)
     args.block, args.mask_id = cfg.block_size, cfg.mask_token_id
 
-    target = Target(args.gguf, cfg.target_layer_ids, device, args.target_layers)
+    if args.target_hf:
+        target = HFTarget(args.target_hf, cfg.target_layer_ids, device)
+    else:
+        target = Target(args.gguf, cfg.target_layer_ids, device, args.target_layers)
     hp = target.hp
     cfg.hidden_size, cfg.vocab_size = hp.hidden_size, hp.vocab_size
     cfg.num_attention_heads, cfg.num_key_value_heads = hp.num_attention_heads, hp.num_key_value_heads
