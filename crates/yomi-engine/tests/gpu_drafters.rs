@@ -324,6 +324,14 @@ fn check_lossless(
                 got.output_ids, want.output_ids,
                 "{name} {shape} {sampler:?}"
             );
+            // Told that rows and its own work are free, the drafter drafts every round: one
+            // whose device ops failed stops proposing (and the equality above would then
+            // hold with nothing checked).
+            let drafted = got.stats.drafted_tokens_per_pass;
+            assert!(
+                drafted > 1.0,
+                "{name} {shape}: {drafted:.2} drafts per pass"
+            );
             tpp[i] = got.stats.tokens_per_forward_pass;
         }
         println!(
@@ -357,11 +365,9 @@ fn dflash_on_gpu_is_lossless_on_a_hybrid_target() {
         DraftMode::DFlash,
         &ids,
     );
-    for (shape, g, s) in got {
-        // A random drafter is rarely right, but it must have proposed: a pass that verified
-        // nothing but the root gives exactly 1.0 (drafts accepted by chance lift it).
-        assert!(g >= 1.0 && s >= 1.0, "{shape}: {g} / {s}");
-    }
+    // A random drafter is rarely right: what this checks is that it drafted every round
+    // (check_lossless) and that its drafts were verified exactly.
+    assert_eq!(got.len(), 3);
 }
 
 /// DFlash on the GPU with the drafter trained here for SmolLM2 (`YOMI_SMOLLM2` names the
