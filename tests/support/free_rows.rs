@@ -28,4 +28,7 @@ impl Drafter for FreeRows<'_> {
     fn committed(&mut self, start: usize, tokens: &[u32], hidden: &[&[f32]]) {
         self.0.committed(start, tokens, hidden)
     }
+    fn failure(&self) -> Option<&str> {
+        self.0.failure()
+    }
 }

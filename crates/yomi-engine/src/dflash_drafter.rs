@@ -525,6 +525,10 @@ impl<D: DraftOps> Drafter for DFlashDrafter<D> {
         self.rounds.history_tokens()
     }
 
+    fn failure(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+
     fn hidden_points(&self) -> &[usize] {
         &self.points
     }

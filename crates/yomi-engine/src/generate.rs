@@ -423,18 +423,26 @@ impl Engine {
         state: &mut State,
         prompt_ids: &[u32],
         params: &GenerateParams,
-        drafter: Option<&mut dyn Drafter>,
+        drafter: Option<&mut (dyn Drafter + '_)>,
         mut stats: StatsRecorder,
         on_text: &mut OnText,
         from: Resume,
     ) -> Result<Generation> {
         params.validate().map_err(anyhow::Error::msg)?;
+        let mut drafter = drafter;
         let result = self.install(|| {
             self.generate_inner(
-                state, prompt_ids, params, drafter, &mut stats, on_text, from,
+                state,
+                prompt_ids,
+                params,
+                drafter.as_deref_mut(),
+                &mut stats,
+                on_text,
+                from,
             )
         });
         stats.set_device_memory_bytes(self.model.device_memory_in_use());
+        stats.set_drafter_failure(drafter.and_then(|d| d.failure()).map(String::from));
         result.map(|(output_ids, text, finish_reason, cached)| Generation {
             prompt_ids: prompt_ids.to_vec(),
             output_ids,
@@ -454,7 +462,7 @@ impl Engine {
         st: &mut State,
         prompt: &[u32],
         params: &GenerateParams,
-        mut drafter: Option<&mut dyn Drafter>,
+        mut drafter: Option<&mut (dyn Drafter + '_)>,
         stats: &mut StatsRecorder,
         on_text: &mut OnText,
         from: Resume<'_>,

@@ -464,6 +464,10 @@ impl<D: DraftOps> Drafter for MtpDrafter<D> {
         self.rounds.history_tokens()
     }
 
+    fn failure(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+
     fn hidden_points(&self) -> &[usize] {
         &self.points
     }

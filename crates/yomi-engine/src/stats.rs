@@ -161,6 +161,10 @@ pub struct GenerationStats {
     /// from the JSON of a yomi that did not report it.
     #[serde(default)]
     pub passes_by_rows: Vec<PassSize>,
+    /// Why the drafter stopped proposing during the request, if it failed
+    /// ([`yomi_spec::Drafter::failure`]); absent from the JSON otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drafter_failure: Option<String>,
 }
 
 /// The verify passes of one tree size (see the module notes).
@@ -296,6 +300,9 @@ impl fmt::Display for GenerationStats {
             Some(j) => writeln!(f, "energy:              {j:.2} J")?,
             None => writeln!(f, "energy:              n/a")?,
         }
+        if let Some(why) = &self.drafter_failure {
+            writeln!(f, "drafting stopped:    {why}")?;
+        }
         write!(f, "duration:            {:.3} s", self.duration_s)
     }
 }
@@ -330,6 +337,7 @@ pub struct StatsRecorder {
     by_rows: Vec<PassSize>,
     energy: EnergyMeter,
     device_memory: Option<u64>,
+    drafter_failure: Option<String>,
     energy_override: Option<Option<f64>>,
 }
 
@@ -372,6 +380,7 @@ impl StatsRecorder {
             by_rows: Vec::new(),
             energy: EnergyMeter::start(),
             device_memory: None,
+            drafter_failure: None,
             energy_override: None,
         }
     }
@@ -454,6 +463,11 @@ impl StatsRecorder {
         self.device_memory = bytes;
     }
 
+    /// Why the drafter stopped proposing (see [`GenerationStats::drafter_failure`]).
+    pub fn set_drafter_failure(&mut self, why: Option<String>) {
+        self.drafter_failure = why;
+    }
+
     /// Replaces the RAPL reading (e.g. with NVML energy on a GPU).
     pub fn set_energy_j(&mut self, joules: Option<f64>) {
         self.energy_override = Some(joules);
@@ -498,6 +512,7 @@ impl StatsRecorder {
             energy_j: self.energy_override.unwrap_or_else(|| self.energy.joules()),
             duration_s: now - self.t_start,
             passes_by_rows: self.by_rows.clone(),
+            drafter_failure: self.drafter_failure.clone(),
         }
     }
 }

@@ -150,3 +150,53 @@ fn a_drafter_sees_the_committed_rows_and_their_hidden_states() {
     eprintln!("reported hidden rows vs one plain pass: max |Δ| {worst:.2e}");
     assert!(worst < 1e-4, "reported hidden rows differ by {worst}");
 }
+
+/// A drafter that failed (a model drafter whose device op errs stops proposing) is named in
+/// the request's stats: the output is plain decoding's, and the user learns why drafting
+/// stopped instead of seeing only a slow run.
+#[test]
+fn a_drafters_failure_reaches_the_stats() {
+    struct Failed;
+    impl Drafter for Failed {
+        fn propose(&mut self, context: &[u32], _budget: usize, out: &mut DraftTree) {
+            out.reset(*context.last().expect("a context"));
+        }
+        fn observe(&mut self, _accepted: usize, _proposed: usize) {}
+        fn failure(&self) -> Option<&str> {
+            Some("attention_block: out of device memory")
+        }
+    }
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/qwen35-tiny");
+    let e = Engine::load(&path, &EngineOptions::default(), &mut |_, _| {}).expect("load");
+    let p = GenerateParams {
+        max_tokens: 8,
+        sampler: SamplerParams::greedy(),
+        draft: DraftMode::DFlash,
+        ..Default::default()
+    };
+    let prompt: Vec<u32> = (1..20).collect();
+    let run = |d: Option<&mut dyn Drafter>| {
+        let mut st = e.new_state();
+        e.generate_with(&mut st, &prompt, &p, d, StatsRecorder::start(), &mut |_| {
+            true
+        })
+        .expect("generate")
+    };
+    let plain = run(None);
+    let got = run(Some(&mut Failed));
+    assert_eq!(got.output_ids, plain.output_ids);
+    assert_eq!(plain.stats.drafter_failure, None);
+    let why = got.stats.drafter_failure.as_deref();
+    assert_eq!(why, Some("attention_block: out of device memory"));
+    assert!(
+        got.stats
+            .to_string()
+            .contains("drafting stopped:    attention_block")
+    );
+    let json = serde_json::to_value(&got.stats).expect("json");
+    assert_eq!(
+        json["drafter_failure"],
+        "attention_block: out of device memory"
+    );
+}

@@ -327,6 +327,7 @@ fn check_lossless(
             // Told that rows and its own work are free, the drafter drafts every round: one
             // whose device ops failed stops proposing (and the equality above would then
             // hold with nothing checked).
+            assert_eq!(got.stats.drafter_failure, None, "{name} {shape}");
             let drafted = got.stats.drafted_tokens_per_pass;
             assert!(
                 drafted > 1.0,

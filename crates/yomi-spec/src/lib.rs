@@ -53,6 +53,13 @@ pub trait Drafter: Send {
     /// asked for). A request resumed from a cached prefix reports only the rows it computes.
     fn committed(&mut self, _start: usize, _tokens: &[u32], _hidden: &[&[f32]]) {}
 
+    /// Why this drafter stopped proposing, when something failed (a device op of a model
+    /// drafter): the output is unaffected (the target verifies whatever is proposed), but
+    /// the request ran without drafts from then on, and its stats say so. None by default.
+    fn failure(&self) -> Option<&str> {
+        None
+    }
+
     /// Tokens of history the drafter keeps across requests (0 for none): what bounds its
     /// memory in a long-running server.
     fn history_tokens(&self) -> usize {
