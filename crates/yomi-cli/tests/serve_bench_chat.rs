@@ -204,8 +204,10 @@ fn sigterm_lets_requests_finish_then_ends_them() {
     let waiting = |n: u64| {
         let t0 = Instant::now();
         loop {
+            // Admitted and in the engine's queue (a request still being tokenized may be
+            // queued after one admitted later).
             let v = get(&ep, "/health", None, t).unwrap().json().unwrap();
-            if v["queue"]["waiting"].as_u64() == Some(n) {
+            if v["queue"]["waiting"].as_u64() == Some(n) && v["queue"]["preparing"] == 0 {
                 break;
             }
             assert!(t0.elapsed() < Duration::from_secs(10), "{v}");

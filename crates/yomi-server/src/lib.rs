@@ -149,6 +149,9 @@ pub(crate) struct Counters {
     pub rejected: AtomicU64,
     pub generated_tokens: AtomicU64,
     pub running: AtomicBool,
+    /// Admitted requests still being templated and tokenized: not yet in the engine's queue,
+    /// which takes them in the order they finish that.
+    pub preparing: AtomicU64,
 }
 
 /// Holds the engine thread between jobs (tests use it to fill the queue deterministically).
@@ -241,6 +244,7 @@ pub(crate) fn health_json(shared: &Shared) -> Value {
         "model": shared.cfg.model_name,
         "queue": {
             "waiting": admitted.saturating_sub(usize::from(running)),
+            "preparing": c.preparing.load(Ordering::Acquire),
             "running": running,
             "capacity": shared.cfg.queue_size,
         },
@@ -880,6 +884,23 @@ impl Slot {
     }
 }
 
+/// Counts a request as preparing (see [`Counters::preparing`]) while it lives, also when the
+/// request is dropped mid-way (its client went away).
+struct Preparing(Arc<Shared>);
+
+impl Preparing {
+    fn start(shared: &Arc<Shared>) -> Self {
+        shared.counters.preparing.fetch_add(1, Ordering::AcqRel);
+        Preparing(Arc::clone(shared))
+    }
+}
+
+impl Drop for Preparing {
+    fn drop(&mut self) {
+        self.0.counters.preparing.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 impl Drop for Slot {
     fn drop(&mut self) {
         if let Some(shared) = &self.0 {
@@ -980,9 +1001,12 @@ async fn submit(
     let shared = Arc::clone(&app.shared);
     let bound = app.max_prompt_bytes;
     let p2 = p.clone();
+    let preparing = Preparing::start(&app.shared);
     let prepared = tokio::task::spawn_blocking(move || prepare(&engine, &shared.cfg, bound, &p2))
         .await
-        .map_err(|e| ApiError::internal(format!("request preparation failed: {e}")))??;
+        .map_err(|e| ApiError::internal(format!("request preparation failed: {e}")));
+    drop(preparing);
+    let prepared = prepared??;
     let prompt_tokens = prepared.prompt_ids.len();
     let (tx, rx) = unbounded_channel();
     let job = Job {
