@@ -31,6 +31,42 @@ pub struct AttnHeads {
     pub head_dim: usize,
 }
 
+/// Which keys a row of a drafter's block sees (a DFlash layer's attention mask). Keys are indexed
+/// in cache order: the `committed` context rows, then the block's rows, so block row i is key
+/// `committed + i`; positions are contiguous, so index distances are position distances.
+/// The default, every key, is a DFlash layer's bidirectional block; `causal` hides the block
+/// rows after a row; `window` W keeps only keys within W − 1 of the row on its side(s) (on both
+/// sides without `causal`), as z-lab's sliding-window drafter layers do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BlockMask {
+    pub causal: bool,
+    pub window: Option<usize>,
+}
+
+impl BlockMask {
+    /// Every key, both ways.
+    pub const FULL: BlockMask = BlockMask {
+        causal: false,
+        window: None,
+    };
+
+    /// Whether the query at key index `query` sees the key at index `key`.
+    pub fn sees(&self, query: usize, key: usize) -> bool {
+        if self.causal && key > query {
+            return false;
+        }
+        match self.window {
+            None => true,
+            Some(w) => query.abs_diff(key) < w,
+        }
+    }
+
+    /// Whether every row sees every key.
+    pub fn is_full(&self) -> bool {
+        !self.causal && self.window.is_none()
+    }
+}
+
 /// The per-layer parameters of a gated delta rule core (Qwen3.5's linear attention), borrowed
 /// from the layer's weights.
 pub struct GdnParams<'a, B: Backend + ?Sized> {
@@ -321,10 +357,11 @@ pub trait Backend {
         v: &Self::Buf,
     );
 
-    /// Attention for a bidirectional block (a DFlash drafter's): writes the block's `k`, `v`
-    /// ([t, n_kv, hd]) after the `committed` rows of `cache`, and every query row of `q`
-    /// [t, n_heads, hd] sees the committed rows and all `t` block rows (softmax scale 1/√hd):
-    /// `o` [t, n_heads, hd]. The block rows are left pending (never committed).
+    /// Attention for a block (a DFlash drafter's): writes the block's `k`, `v` ([t, n_kv, hd])
+    /// after the `committed` rows of `cache`, and each query row of `q` [t, n_heads, hd] sees
+    /// the committed rows and the `t` block rows that `mask` lets it see (all of them:
+    /// bidirectional; softmax scale 1/√hd): `o` [t, n_heads, hd]. The block rows are left
+    /// pending (never committed).
     #[allow(clippy::too_many_arguments)]
     fn attention_block(
         &self,
@@ -332,6 +369,7 @@ pub trait Backend {
         committed: usize,
         t: usize,
         heads: AttnHeads,
+        mask: BlockMask,
         q: &Self::Buf,
         k: &Self::Buf,
         v: &Self::Buf,

@@ -4,7 +4,7 @@
 //! its module; the fused forms (add + norm inside the next linears' loops, SwiGLU inside the
 //! down projection's) are bitwise the composition the trait's defaults spell out.
 
-use yomi_core::backend::{AttnCore, AttnHeads, Backend, GdnParams, RotaryFill};
+use yomi_core::backend::{AttnCore, AttnHeads, Backend, BlockMask, GdnParams, RotaryFill};
 use yomi_core::{GdnShape, TreeBatch};
 
 use crate::activation::{sigmoid, softplus, swiglu};
@@ -64,8 +64,8 @@ fn many_add_norm<const N: usize>(
 enum Seen<'a> {
     /// Each row its path in the tree.
     Tree(&'a TreeBatch),
-    /// The whole block (bidirectional).
-    Block,
+    /// The whole block, as far as the mask shows it.
+    Block(BlockMask),
 }
 
 /// Writes the pass's `k`, `v` after the `committed` rows of `cache` and runs the attention
@@ -101,7 +101,9 @@ fn attend(
                 Seen::Tree(tree) => {
                     attention_tree(q, $k, $v, layout, committed, tree, shape, scale, o)
                 }
-                Seen::Block => attention_block(q, $k, $v, layout, committed, t, shape, scale, o),
+                Seen::Block(mask) => {
+                    attention_block(q, $k, $v, layout, committed, t, mask, shape, scale, o)
+                }
             }
         };
     }
@@ -415,12 +417,13 @@ impl Backend for Cpu {
         committed: usize,
         t: usize,
         heads: AttnHeads,
+        mask: BlockMask,
         q: &Vec<f32>,
         k: &Vec<f32>,
         v: &Vec<f32>,
         o: &mut Vec<f32>,
     ) {
-        attend(cache, committed, t, Seen::Block, heads, [q, k, v], o);
+        attend(cache, committed, t, Seen::Block(mask), heads, [q, k, v], o);
     }
 
     fn scale_inplace(&self, x: &mut Vec<f32>, n: usize, s: f32) {

@@ -26,7 +26,7 @@ use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop,
 };
-use yomi_core::backend::{AttnCore, AttnHeads, Backend, GdnParams, RotaryFill};
+use yomi_core::backend::{AttnCore, AttnHeads, Backend, BlockMask, GdnParams, RotaryFill};
 use yomi_core::{GdnShape, TreeBatch};
 
 use crate::attention::{AttnDims, AttnScratch};
@@ -1049,6 +1049,7 @@ impl Backend for Cuda {
         committed: usize,
         t: usize,
         heads: AttnHeads,
+        mask: BlockMask,
         q: &DevBuf,
         k: &DevBuf,
         v: &DevBuf,
@@ -1056,10 +1057,16 @@ impl Backend for Cuda {
     ) {
         self.run("attention_block", || {
             // The block's K/V after the committed rows (pending: the next block overwrites
-            // them), then tree attention in which every block row is every row's ancestor.
+            // them), then tree attention in which every block row is every row's ancestor
+            // (causal: every earlier row). A window would hide committed rows, which the tree
+            // kernel always shows.
             ensure!(
                 (1..=MAX_ROWS).contains(&t),
-                "a bidirectional block of {t} rows (1 to {MAX_ROWS} on CUDA)"
+                "a block of {t} rows (1 to {MAX_ROWS} on CUDA)"
+            );
+            ensure!(
+                mask.window.is_none(),
+                "sliding-window drafter layers do not run on CUDA"
             );
             self.store_kv(cache, committed, t, heads, k, v)?;
             let AttnHeads {
@@ -1077,7 +1084,13 @@ impl Backend for Cuda {
             self.size_attn_scratch(sh, dims, cache.capacity)?;
             let all = (1u64 << t) - 1;
             sh.block_host.clear();
-            sh.block_host.resize(t, all);
+            sh.block_host.extend((0..t).map(|i| {
+                if mask.causal {
+                    u64::MAX >> (63 - i)
+                } else {
+                    all
+                }
+            }));
             let anc = grow(&self.dev, &self.epoch, &mut sh.block_anc, MAX_ROWS)?;
             self.dev
                 .upload_into(&sh.block_host, &mut anc.slice_mut(0..t))?;

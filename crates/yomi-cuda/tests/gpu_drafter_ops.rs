@@ -12,7 +12,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{Rng, dev};
-use yomi_core::backend::{AttnHeads, Backend};
+use yomi_core::backend::{AttnHeads, Backend, BlockMask};
 use yomi_cpu::backend::Cpu;
 use yomi_cuda::backend::{Cuda, DevBuf};
 use yomi_weights::{Rope, RopeScaling};
@@ -120,16 +120,21 @@ fn context_rows_and_a_bidirectional_block_match_cpu() {
             let (gk, gv) = (up(&g, &k), up(&g, &v));
             g.write_kv(&mut gc, at, n, heads, &gk, &gv);
         }
-        // Two blocks at the same context: the second overwrites the first's pending rows.
-        for round in 0..2 {
+        // Three blocks at the same context, each overwriting the last one's pending rows:
+        // bidirectional twice, then causal (z-lab's `is_causal` drafter layers).
+        for round in 0..3 {
+            let mask = BlockMask {
+                causal: round == 2,
+                window: None,
+            };
             let q = r.vec(t * nh * hd, 1.0);
             let k = r.vec(t * nkv * hd, 1.0);
             let v = r.vec(t * nkv * hd, 1.0);
             let mut want = Vec::new();
-            Cpu.attention_block(&mut cc, ctx, t, heads, &q, &k, &v, &mut want);
+            Cpu.attention_block(&mut cc, ctx, t, heads, mask, &q, &k, &v, &mut want);
             let (gq, gk, gv) = (up(&g, &q), up(&g, &k), up(&g, &v));
             let mut go = DevBuf::default();
-            g.attention_block(&mut gc, ctx, t, heads, &gq, &gk, &gv, &mut go);
+            g.attention_block(&mut gc, ctx, t, heads, mask, &gq, &gk, &gv, &mut go);
             let got = down(&g, &go, t * nh * hd);
             let (m, mx) = max_diff(&got, &want[..t * nh * hd]);
             println!(

@@ -268,6 +268,12 @@ fn check_block_on_cuda(d: &DFlash) -> Result<()> {
             crate::cuda::MAX_ROWS
         );
     }
+    if c.windowed() {
+        bail!(
+            "the DFlash drafter's sliding-window layers run on the CPU only (CUDA's tree \
+             attention shows a block every committed row)"
+        );
+    }
     if !yomi_cuda::ATTN_HEAD_DIMS.contains(&c.head_dim) {
         bail!(
             "the CUDA attention kernels take head_dim in {:?}, not the drafter's {}",

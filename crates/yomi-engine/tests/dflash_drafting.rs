@@ -29,7 +29,15 @@ fn repo(path: &str) -> PathBuf {
         .join(path)
 }
 
+const DRAFTER: &str = "crates/yomi-models/tests/data/dflash-tiny";
+/// The same drafter with a causal sliding-window first layer.
+const SWA_DRAFTER: &str = "crates/yomi-models/tests/data/dflash-tiny-swa";
+
 fn engine(shape: Option<DraftShape>) -> Engine {
+    engine_with(shape, DRAFTER)
+}
+
+fn engine_with(shape: Option<DraftShape>, drafter: &str) -> Engine {
     let opts = EngineOptions {
         context_size: Some(512),
         kv_cache: Some(KvDtype::F32),
@@ -42,7 +50,7 @@ fn engine(shape: Option<DraftShape>) -> Engine {
     )
     .expect("load the target");
     if let Some(shape) = shape {
-        e.attach_dflash(&repo("crates/yomi-models/tests/data/dflash-tiny"), shape)
+        e.attach_dflash(&repo(drafter), shape)
             .expect("attach the drafter");
     }
     e
@@ -176,9 +184,20 @@ fn dflash_drafts_every_round_when_it_is_free() {
 
 #[test]
 fn dflash_drafting_is_lossless_greedy_and_seeded() {
+    lossless_greedy_and_seeded(DRAFTER);
+}
+
+/// As above with a sliding-window drafter layer: its context keys leave the window as the
+/// sequence grows (48 tokens after a 40-token prompt against a window of 12).
+#[test]
+fn dflash_drafting_with_a_sliding_window_is_lossless() {
+    lossless_greedy_and_seeded(SWA_DRAFTER);
+}
+
+fn lossless_greedy_and_seeded(drafter: &str) {
     let plain = engine(None);
     for shape in [DraftShape::Chain, DraftShape::Tree, DraftShape::Mixed] {
-        let e = engine(Some(shape));
+        let e = engine_with(Some(shape), drafter);
         for sampler in [
             SamplerParams::greedy(),
             SamplerParams {
@@ -190,12 +209,16 @@ fn dflash_drafting_is_lossless_greedy_and_seeded() {
         ] {
             let want = generate(&plain, DraftMode::None, sampler.clone());
             let got = generate(&e, DraftMode::DFlash, sampler.clone());
-            assert_eq!(got.output_ids, want.output_ids, "{shape} {sampler:?}");
+            assert_eq!(
+                got.output_ids, want.output_ids,
+                "{drafter} {shape} {sampler:?}"
+            );
             assert!(
                 got.stats.drafted_tokens_per_pass > 0.0,
-                "{shape}: the drafter proposed nothing ({:?})",
+                "{drafter} {shape}: the drafter proposed nothing ({:?})",
                 got.stats
             );
+            assert_eq!(got.stats.drafter_failure, None, "{drafter} {shape}");
         }
     }
 }

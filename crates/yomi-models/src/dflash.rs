@@ -12,6 +12,11 @@
 //!   context rows and all block rows (bidirectional inside the block), then `norm` and the
 //!   target's LM head on rows 1 .. B: one distribution per drafted position
 //!   ([`DFlash::draft`]). The block's own K/V are never kept.
+//! - **Masks.** A `sliding_attention` layer (in `layer_types`, or from `max_window_layers` on
+//!   when `use_sliding_window` is set, as Hugging Face's Qwen3 config reads them) is causal
+//!   inside the block and sees only keys less than `sliding_window` positions back; a
+//!   top-level `is_causal` makes every layer causal (or none). As z-lab's
+//!   `Qwen3DFlashAttention` ([`BlockMask`] per layer).
 //!
 //! The checkpoint is a directory with `config.json` (`architectures: ["DFlashDraftModel"]`,
 //! `block_size`, `dflash_config.{mask_token_id, target_layer_ids}` — older files put both at
@@ -21,7 +26,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::Value;
-use yomi_core::backend::{AttnHeads, Backend};
+use yomi_core::backend::{AttnHeads, Backend, BlockMask};
 use yomi_cpu::backend::Cpu;
 use yomi_weights::{Rope, RopeScaling};
 
@@ -49,6 +54,9 @@ pub struct DFlashConfig {
     pub target_layer_ids: Vec<usize>,
     /// Scale on the target embeddings of the block (`input_embedding_scale`, default 1).
     pub input_embedding_scale: f32,
+    /// What each layer's block rows see (all keys, bidirectional, unless the layer slides or
+    /// the config says `is_causal`).
+    pub layer_masks: Vec<BlockMask>,
 }
 
 fn field<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
@@ -72,11 +80,6 @@ impl DFlashConfig {
         if !archs.is_some_and(|a| a.iter().any(|x| x.as_str() == Some("DFlashDraftModel"))) {
             bail!("not a DFlash drafter: config.json's `architectures` lacks DFlashDraftModel");
         }
-        if let Some(types) = v.get("layer_types").and_then(Value::as_array)
-            && types.iter().any(|t| t.as_str() != Some("full_attention"))
-        {
-            bail!("DFlash drafters with sliding-window layers are not supported yet");
-        }
         let hidden_size = usize_of(&v, "hidden_size")?;
         let num_heads = usize_of(&v, "num_attention_heads")?;
         let head_dim = match v.get("head_dim").and_then(Value::as_u64) {
@@ -99,10 +102,12 @@ impl DFlashConfig {
         let block_size = field(&v, "block_size")
             .and_then(Value::as_u64)
             .unwrap_or(16) as usize;
+        let num_layers = usize_of(&v, "num_hidden_layers")?;
         let cfg = DFlashConfig {
+            layer_masks: layer_masks(&v, num_layers)?,
             hidden_size,
             intermediate_size: usize_of(&v, "intermediate_size")?,
-            num_layers: usize_of(&v, "num_hidden_layers")?,
+            num_layers,
             num_heads,
             num_kv_heads: usize_of(&v, "num_key_value_heads")?,
             head_dim,
@@ -155,6 +160,11 @@ impl DFlashConfig {
         self.target_layer_ids.iter().map(|&i| i + 1).collect()
     }
 
+    /// Whether a layer sees only a window of the keys.
+    pub fn windowed(&self) -> bool {
+        self.layer_masks.iter().any(|m| m.window.is_some())
+    }
+
     fn heads(&self) -> AttnHeads {
         AttnHeads {
             n_heads: self.num_heads,
@@ -162,6 +172,66 @@ impl DFlashConfig {
             head_dim: self.head_dim,
         }
     }
+}
+
+/// Each layer's mask, read as Hugging Face's `Qwen3Config` and z-lab's attention read the
+/// config: `sliding_window` counts only under `use_sliding_window` (default 4096 there);
+/// without `layer_types`, layers from `max_window_layers` (default 28) on slide when a window
+/// is set; a sliding layer is causal with that window (none when the window is unset), a full
+/// one bidirectional; a top-level `is_causal` overrides causality for every layer.
+fn layer_masks(v: &Value, num_layers: usize) -> Result<Vec<BlockMask>> {
+    let window = if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
+        match v.get("sliding_window") {
+            None => Some(4096),
+            Some(Value::Null) => None,
+            Some(w) => match w.as_u64() {
+                Some(w) if w >= 1 => Some(w as usize),
+                _ => bail!("DFlash config.json: `sliding_window` must be a positive whole number"),
+            },
+        }
+    } else {
+        None
+    };
+    let sliding: Vec<bool> = match v.get("layer_types") {
+        Some(Value::Array(types)) => {
+            if types.len() != num_layers {
+                bail!(
+                    "DFlash config.json: `layer_types` has {} entries for {num_layers} layers",
+                    types.len()
+                );
+            }
+            types
+                .iter()
+                .map(|t| match t.as_str() {
+                    Some("full_attention") => Ok(false),
+                    Some("sliding_attention") => Ok(true),
+                    _ => Err(anyhow!("DFlash config.json: unknown layer type {t}")),
+                })
+                .collect::<Result<_>>()?
+        }
+        Some(Value::Null) | None => {
+            let from = v
+                .get("max_window_layers")
+                .and_then(Value::as_u64)
+                .unwrap_or(28) as usize;
+            (0..num_layers)
+                .map(|i| window.is_some() && i >= from)
+                .collect()
+        }
+        Some(other) => bail!("DFlash config.json: `layer_types` is not a list: {other}"),
+    };
+    let is_causal = match v.get("is_causal") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(other) => bail!("DFlash config.json: `is_causal` is not true or false: {other}"),
+    };
+    Ok(sliding
+        .into_iter()
+        .map(|slides| BlockMask {
+            causal: is_causal.unwrap_or(slides),
+            window: if slides { window } else { None },
+        })
+        .collect())
 }
 
 /// What the drafter reads of its target: the embedding table that embeds the block and the LM
@@ -196,6 +266,8 @@ pub struct DFlashState<B: Backend = Cpu> {
     caches: Vec<B::KvCache>,
     /// Context rows in the caches (cache row r holds the r-th context row reported).
     rows: usize,
+    /// The position after the last context row.
+    end: usize,
     /// Cache rows: context rows plus one block.
     capacity: usize,
     /// `sc.out` holds the drafted positions of a block over the current context.
@@ -368,6 +440,7 @@ impl<B: Backend> DFlash<B> {
                 .map(|_| b.new_kv_cache(self.cfg.heads(), capacity))
                 .collect(),
             rows: 0,
+            end: 0,
             capacity,
             drafted: false,
             sc: DScratch::default(),
@@ -414,6 +487,14 @@ impl<B: Backend> DFlash<B> {
         if n == 0 {
             return Ok(());
         }
+        // A window counts keys by their place in the cache, which is their position only if
+        // the context has no gaps.
+        if cfg.windowed() && st.rows > 0 && pos0 != st.end {
+            bail!(
+                "DFlash context: rows at {pos0} do not follow the context, which ends at {}",
+                st.end
+            );
+        }
         let heads = cfg.heads();
         let DScratch {
             feat,
@@ -444,6 +525,7 @@ impl<B: Backend> DFlash<B> {
             b.write_kv(cache, st.rows, n, heads, kb, vb);
         }
         st.rows += n;
+        st.end = pos0 + n;
         st.drafted = false;
         Ok(())
     }
@@ -509,6 +591,12 @@ impl<B: Backend> DFlash<B> {
         if st.rows + t > st.capacity {
             bail!("DFlash context full");
         }
+        if cfg.windowed() && st.rows > 0 && pos != st.end {
+            bail!(
+                "DFlash block at {pos} does not follow the context, which ends at {}",
+                st.end
+            );
+        }
         let heads = cfg.heads();
         let (nh, nkv, hd) = (heads.n_heads, heads.n_kv, heads.head_dim);
         st.drafted = false;
@@ -537,7 +625,8 @@ impl<B: Backend> DFlash<B> {
         }
         self.rope_rows(b, pos, t, cs);
         let mut pending = false;
-        for (layer, cache) in self.layers.iter().zip(st.caches.iter_mut()) {
+        for ((layer, cache), &mask) in self.layers.iter().zip(&mut st.caches).zip(&cfg.layer_masks)
+        {
             let w = &layer.attn;
             b.add_norm_linears(
                 h,
@@ -558,7 +647,7 @@ impl<B: Backend> DFlash<B> {
             }
             b.rope_inplace(q, t, nh, hd, hd, cs);
             b.rope_inplace(k, t, nkv, hd, hd, cs);
-            b.attention_block(cache, st.rows, t, heads, q, k, v, o);
+            b.attention_block(cache, st.rows, t, heads, mask, q, k, v, o);
             b.linear(o, t, &w.o, w.o_bias.as_ref(), y);
             b.add_norm_linears(
                 h,
@@ -599,4 +688,108 @@ pub fn requantize_q8_0(m: &mut yomi_weights::Matrix) {
     }
     m.data = WeightData::Quant(QuantData::quantize(QuantType::Q8_0, m.rows, m.cols, &data));
     m.pack();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// dflash-tiny's config with `extra`'s keys set (a `null` value removes the key).
+    fn config(extra: serde_json::Value) -> Result<DFlashConfig> {
+        let mut v = serde_json::json!({
+            "architectures": ["DFlashDraftModel"],
+            "block_size": 8,
+            "dflash_config": {"mask_token_id": 5, "target_layer_ids": [0, 2]},
+            "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 3,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+            "vocab_size": 512,
+        });
+        for (k, x) in extra.as_object().expect("an object") {
+            v[k] = x.clone();
+        }
+        DFlashConfig::from_json(&v.to_string())
+    }
+
+    const FULL: BlockMask = BlockMask::FULL;
+
+    fn causal(window: Option<usize>) -> BlockMask {
+        BlockMask {
+            causal: true,
+            window,
+        }
+    }
+
+    /// The masks as transformers' `Qwen3Config` and z-lab's attention read these configs
+    /// (`Qwen3DFlashAttention.__init__`: a sliding layer is causal unless `is_causal` says
+    /// otherwise; `sliding_window` is None without `use_sliding_window`).
+    #[test]
+    fn layer_masks_follow_the_qwen3_config() {
+        let masks = |extra| config(extra).unwrap().layer_masks;
+        assert_eq!(masks(serde_json::json!({})), [FULL; 3]);
+        let types = serde_json::json!(["full_attention", "sliding_attention", "full_attention"]);
+        // Listed sliding layers without `use_sliding_window`: causal, no window.
+        assert_eq!(
+            masks(serde_json::json!({"layer_types": types, "sliding_window": 12})),
+            [FULL, causal(None), FULL]
+        );
+        assert_eq!(
+            masks(serde_json::json!({
+                "layer_types": types, "use_sliding_window": true, "sliding_window": 12
+            })),
+            [FULL, causal(Some(12)), FULL]
+        );
+        // No `layer_types`: layers from `max_window_layers` on slide, 4096 by default.
+        assert_eq!(
+            masks(serde_json::json!({"use_sliding_window": true, "max_window_layers": 1})),
+            [FULL, causal(Some(4096)), causal(Some(4096))]
+        );
+        assert_eq!(
+            masks(serde_json::json!({"use_sliding_window": true})),
+            [FULL; 3],
+            "max_window_layers defaults to 28"
+        );
+        // `is_causal` for every layer, either way.
+        assert_eq!(
+            masks(serde_json::json!({"is_causal": true})),
+            [causal(None); 3]
+        );
+        let open = BlockMask {
+            causal: false,
+            window: Some(12),
+        };
+        assert_eq!(
+            masks(serde_json::json!({
+                "layer_types": types, "use_sliding_window": true, "sliding_window": 12,
+                "is_causal": false
+            })),
+            [FULL, open, FULL]
+        );
+    }
+
+    #[test]
+    fn bad_layer_settings_are_refused() {
+        let types = serde_json::json!(["full_attention", "sliding_attention", "full_attention"]);
+        for (extra, want) in [
+            (
+                serde_json::json!({"layer_types": ["full_attention"]}),
+                "1 entries for 3",
+            ),
+            (
+                serde_json::json!({"layer_types": ["full_attention", "chunked", "full_attention"]}),
+                "unknown layer type",
+            ),
+            (
+                serde_json::json!({"layer_types": types, "use_sliding_window": true, "sliding_window": 0}),
+                "positive",
+            ),
+            (serde_json::json!({"is_causal": "yes"}), "is_causal"),
+            (
+                serde_json::json!({"layer_types": "full_attention"}),
+                "not a list",
+            ),
+        ] {
+            let e = config(extra).expect_err("refused");
+            assert!(e.to_string().contains(want), "{e}");
+        }
+    }
 }

@@ -1,8 +1,9 @@
 //! The DFlash drafter against z-lab's reference implementation (`dflash` 0.1.0, float32), on
 //! the random-weight drafter in tests/data/dflash-tiny for the qwen35-tiny target (see its
-//! README). Tolerance 1e-4 max abs on logits (std ≈ 3), as for the target's own fixtures: the
-//! generator measured its independent torch forward 1.1e-5 from the package and the cached
-//! context path 7.7e-6 from an uncached one.
+//! README) and its sliding-window twin dflash-tiny-swa (same weights, layer 0 a causal
+//! window-12 layer). Tolerance 1e-4 max abs on logits (std ≈ 3), as for the target's own
+//! fixtures: the generator measured its independent torch forward 1.1e-5 from the package and
+//! the cached context path 7.7e-6 from an uncached one (both variants).
 
 mod common;
 use common::*;
@@ -24,6 +25,10 @@ fn drafter_dir() -> std::path::PathBuf {
     repo_root().join("crates/yomi-models/tests/data/dflash-tiny")
 }
 
+fn swa_dir() -> std::path::PathBuf {
+    repo_root().join("crates/yomi-models/tests/data/dflash-tiny-swa")
+}
+
 /// Features as the drafter reads them: its points' rows, concatenated per row.
 fn concat_rows(taps: &HiddenTaps, points: &[usize], width: usize, rows: usize) -> Vec<f32> {
     let mut out = Vec::new();
@@ -38,14 +43,26 @@ fn concat_rows(taps: &HiddenTaps, points: &[usize], width: usize, rows: usize) -
 
 #[test]
 fn dflash_tiny_matches_the_reference() {
+    matches_the_reference(&drafter_dir());
+}
+
+/// A sliding-window layer (causal inside the block, 12 positions back) against the reference:
+/// the window hides most of the 40 context rows from layer 0 (the same weights without it
+/// draft up to 13 logits apart), and the second block reads the context through the cache.
+#[test]
+fn dflash_tiny_with_a_sliding_window_matches_the_reference() {
+    let d = DFlash::load(&swa_dir(), 128, 512).unwrap();
+    let masks = &d.cfg.layer_masks;
+    assert_eq!(masks.len(), 2);
+    assert!(masks[0].causal && masks[0].window == Some(12));
+    assert!(masks[1].is_full());
+    matches_the_reference(&swa_dir());
+}
+
+fn matches_the_reference(dir: &std::path::Path) {
     let target = load(&shared_fixture("qwen35-tiny"));
-    let r = Reference::open(drafter_dir().join("reference.safetensors"));
-    let d = DFlash::load(
-        &drafter_dir(),
-        target.cfg.hidden_size,
-        target.cfg.vocab_size,
-    )
-    .unwrap();
+    let r = Reference::open(dir.join("reference.safetensors"));
+    let d = DFlash::load(dir, target.cfg.hidden_size, target.cfg.vocab_size).unwrap();
     assert_eq!(d.cfg.hidden_points(), vec![1, 3]);
     let mut st = d.new_state(&Cpu, 64);
     let mut logits = Vec::new();
@@ -62,7 +79,7 @@ fn dflash_tiny_matches_the_reference() {
     )
     .unwrap();
     let err = max_abs_diff(&logits, r.f("draft_logits"));
-    assert!(err < 1e-4, "block 1: max abs err {err}");
+    assert!(err < 1e-4, "{}, block 1: max abs err {err}", dir.display());
 
     // More context through the kept rows, then a block at the new length.
     d.add_context(&Cpu, &mut st, 40, 6, r.f("features2"))
@@ -77,7 +94,7 @@ fn dflash_tiny_matches_the_reference() {
     )
     .unwrap();
     let err = max_abs_diff(&logits, r.f("draft_logits2"));
-    assert!(err < 1e-4, "block 2: max abs err {err}");
+    assert!(err < 1e-4, "{}, block 2: max abs err {err}", dir.display());
 }
 
 /// The features yomi's own target pass taps give the same drafts: the drafter needs nothing
@@ -242,4 +259,32 @@ fn a_drafter_for_another_target_is_refused() {
         .err()
         .expect("not a drafter");
     assert!(format!("{e:#}").contains("DFlashDraftModel"), "{e:#}");
+}
+
+/// A window counts keys by their place in the cache, so a windowed drafter refuses context
+/// rows or a block that do not follow its context (a gap would shift every distance).
+#[test]
+fn a_windowed_drafter_refuses_a_gap_in_its_context() {
+    let target = load(&shared_fixture("qwen35-tiny"));
+    let r = Reference::open(swa_dir().join("reference.safetensors"));
+    let d = DFlash::load(&swa_dir(), 128, 512).unwrap();
+    let mut st = d.new_state(&Cpu, 64);
+    let mut logits = Vec::new();
+    d.add_context(&Cpu, &mut st, 0, 40, r.f("features"))
+        .unwrap();
+    let e = d
+        .add_context(&Cpu, &mut st, 41, 6, r.f("features2"))
+        .expect_err("a gap");
+    assert!(e.to_string().contains("do not follow"), "{e}");
+    let e = d
+        .draft(&Cpu, &mut st, io(&target), 7, 41, &mut logits)
+        .expect_err("a block after a gap");
+    assert!(e.to_string().contains("does not follow"), "{e}");
+    // The drafter without a window keeps taking them (positions only turn its rotary).
+    let full = DFlash::load(&drafter_dir(), 128, 512).unwrap();
+    let mut st = full.new_state(&Cpu, 64);
+    full.add_context(&Cpu, &mut st, 0, 40, r.f("features"))
+        .unwrap();
+    full.add_context(&Cpu, &mut st, 41, 6, r.f("features2"))
+        .unwrap();
 }

@@ -15,6 +15,7 @@
 use crate::isa_cap::{self, IsaLevel};
 use std::cell::RefCell;
 use yomi_core::TreeBatch;
+use yomi_core::backend::BlockMask;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -414,14 +415,17 @@ fn run_on<E: KvElem>(isa: AttnIsa, args: Args<'_, E>) {
 enum Rows<'a> {
     /// Each row its own path in the tree (causal along it).
     Tree(&'a TreeBatch),
-    /// A block of this many rows that all see each other (bidirectional, as a DFlash drafter's
-    /// block attends): every row sees the same keys, committed + the whole block.
-    Block(usize),
+    /// A block of this many rows (a DFlash drafter's): every row scores the same keys,
+    /// committed + the whole block, and the mask hides some of them from some rows.
+    Block(usize, BlockMask),
 }
 
-/// Tree attention for a bidirectional block: the `t` query rows `q` [t, n_heads, hd] each see
-/// the `committed` rows and all `t` rows of the block, whose K/V sit in the cache right after
-/// the committed rows. Otherwise as [`attention_tree`].
+/// Tree attention for a block: the `t` query rows `q` [t, n_heads, hd] each see the
+/// `committed` rows and the `t` rows of the block, whose K/V sit in the cache right after the
+/// committed rows, as far as `mask` lets them (all of them: bidirectional). A hidden key's
+/// weight is exactly zero in the output; the softmax sum still counts it as `exp(−87)`
+/// (~1.6e−38, the clamp of [`lanes::exp`]), which a sum of at least 1 (the row's largest
+/// weight) absorbs. Otherwise as [`attention_tree`].
 #[allow(clippy::too_many_arguments)]
 pub fn attention_block<E: KvElem>(
     q: &[f32],
@@ -430,6 +434,7 @@ pub fn attention_block<E: KvElem>(
     layout: KvLayout,
     committed: usize,
     t: usize,
+    mask: BlockMask,
     shape: AttnShape,
     scale: f32,
     out: &mut [f32],
@@ -442,6 +447,7 @@ pub fn attention_block<E: KvElem>(
         layout,
         committed,
         t,
+        mask,
         shape,
         scale,
         out,
@@ -458,6 +464,7 @@ pub fn attention_block_with<E: KvElem>(
     layout: KvLayout,
     committed: usize,
     t: usize,
+    mask: BlockMask,
     shape: AttnShape,
     scale: f32,
     out: &mut [f32],
@@ -468,7 +475,7 @@ pub fn attention_block_with<E: KvElem>(
         v_cache,
         layout,
         committed,
-        Rows::Block(t),
+        Rows::Block(t, mask),
         shape,
         scale,
         out,
@@ -511,18 +518,18 @@ fn run<L: Lanes, E: KvElem>(
     } = shape;
     let t = match pass_rows {
         Rows::Tree(tree) => tree.len(),
-        Rows::Block(t) => t,
+        Rows::Block(t, _) => t,
     };
     // A row's path in the tree (root first, depth + 1 rows); a block row has none: the whole
     // block is among the keys every row shares.
     let path_len = |i: usize| match pass_rows {
         Rows::Tree(tree) => tree.depth(i) as usize + 1,
-        Rows::Block(_) => 0,
+        Rows::Block(..) => 0,
     };
     // Keys every row sees in cache order before its path.
     let shared_base = match pass_rows {
         Rows::Tree(_) => committed,
-        Rows::Block(t) => committed + t,
+        Rows::Block(t, _) => committed + t,
     };
     let group = n_heads / n_kv;
     // Elements between consecutive rows of one KV head, and between the heads' first rows
@@ -648,12 +655,36 @@ fn run<L: Lanes, E: KvElem>(
                     row[committed + m] = row[pos];
                 }
             }
+            // A masked block: the keys a row does not see score −∞ (the row's own key is
+            // always seen, so its maximum is finite), and weigh exactly zero after the softmax.
+            let hidden = |j: usize, key: usize| match pass_rows {
+                Rows::Block(_, mask) => !mask.sees(committed + query(j).0, key),
+                Rows::Tree(_) => false,
+            };
+            let masked = matches!(pass_rows, Rows::Block(_, mask) if !mask.is_full());
+            if masked {
+                for j in 0..n_q {
+                    let row = &mut scores[j * width..j * width + shared_base];
+                    for (key, s) in row.iter_mut().enumerate() {
+                        if hidden(j, key) {
+                            *s = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+            }
             // Values: committed blocks shared, then each row's path; softmax weights first.
             let mut inv = [0.0f32; MAX_QUERIES];
             for (j, inv) in inv.iter_mut().enumerate().take(n_q) {
                 let n = shared_base + path_len(query(j).0);
                 let s = &mut scores[j * width..j * width + n];
                 *inv = 1.0 / L::exp_sum(s, L::max_of(s));
+                if masked {
+                    for (key, s) in s.iter_mut().enumerate() {
+                        if hidden(j, key) {
+                            *s = 0.0;
+                        }
+                    }
+                }
             }
             let shared = shared_keys(v_cache);
             for k0 in (0..shared_len).step_by(VALUE_BLOCK) {
@@ -1070,7 +1101,10 @@ mod tests {
             for isa in isas() {
                 let mut got = vec![0.0; q.len()];
                 let rm = KvLayout::RowMajor;
-                attention_block_with(isa, &q, &k, &v, rm, committed, t, shape, scale, &mut got);
+                let full = BlockMask::FULL;
+                attention_block_with(
+                    isa, &q, &k, &v, rm, committed, t, full, shape, scale, &mut got,
+                );
                 let row = n_heads * hd;
                 for i in 0..t {
                     let qi = &q[i * row..(i + 1) * row];
@@ -1086,9 +1120,134 @@ mod tests {
                 let tl = KvLayout::KeyTiles { capacity };
                 let mut tiled = vec![0.0; q.len()];
                 attention_block_with(
-                    isa, &q, &kt, &vh, tl, committed, t, shape, scale, &mut tiled,
+                    isa, &q, &kt, &vh, tl, committed, t, full, shape, scale, &mut tiled,
                 );
                 assert_eq!(bits(&tiled), bits(&got), "{isa:?} hd {hd}: key tiles");
+            }
+        }
+    }
+
+    /// Plain softmax attention in f64 of each block row over the keys `mask` lets it see.
+    #[allow(clippy::too_many_arguments)]
+    fn masked_reference(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        committed: usize,
+        t: usize,
+        mask: BlockMask,
+        shape: AttnShape,
+        scale: f32,
+    ) -> Vec<f32> {
+        let AttnShape {
+            n_heads,
+            n_kv,
+            head_dim: hd,
+        } = shape;
+        let mut out = vec![0.0; t * n_heads * hd];
+        for i in 0..t {
+            let keys: Vec<usize> = (0..committed + t)
+                .filter(|&key| mask.sees(committed + i, key))
+                .collect();
+            for h in 0..n_heads {
+                let kvh = h / (n_heads / n_kv);
+                let qv = &q[(i * n_heads + h) * hd..][..hd];
+                let s: Vec<f64> = keys
+                    .iter()
+                    .map(|&r| {
+                        let kr = &k[(r * n_kv + kvh) * hd..][..hd];
+                        let dot: f64 = qv.iter().zip(kr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                        dot * scale as f64
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for d in 0..hd {
+                    let o: f64 = keys
+                        .iter()
+                        .zip(&e)
+                        .map(|(&r, w)| w / z * v[(r * n_kv + kvh) * hd + d] as f64)
+                        .sum();
+                    out[(i * n_heads + h) * hd + d] = o as f32;
+                }
+            }
+        }
+        out
+    }
+
+    /// A masked block (z-lab's causal and sliding-window drafter layers): each row is within
+    /// f32 rounding of the f64 attention over exactly the keys its mask shows (a hidden key
+    /// that leaked in would move a row by far more: keys and values are O(1) here), on every
+    /// instruction set and in both cache layouts (bit for bit between them).
+    #[test]
+    fn masked_block_rows_see_only_their_keys() {
+        let masks = [
+            BlockMask {
+                causal: true,
+                window: None,
+            },
+            BlockMask {
+                causal: true,
+                window: Some(7),
+            },
+            BlockMask {
+                causal: false,
+                window: Some(5),
+            },
+            BlockMask {
+                causal: true,
+                window: Some(40),
+            },
+        ];
+        for (n_heads, n_kv, hd, committed, t) in [(9, 3, 64, 37, 16), (4, 2, 32, 3, 8)] {
+            let shape = AttnShape {
+                n_heads,
+                n_kv,
+                head_dim: hd,
+            };
+            let rows = committed + t;
+            let (k, v) = (rand(rows * n_kv * hd, 61), rand(rows * n_kv * hd, 62));
+            let q = rand(t * n_heads * hd, 63);
+            let scale = 1.0 / (hd as f32).sqrt();
+            let capacity = rows + 3;
+            let per_head = capacity.div_ceil(KEY_TILE) * hd * KEY_TILE;
+            let mut kt = vec![0.0; n_kv * per_head];
+            let mut vh = vec![0.0; n_kv * capacity * hd];
+            for r in 0..rows {
+                for kvh in 0..n_kv {
+                    let at = kvh * per_head + key_offset(hd, r);
+                    for d in 0..hd {
+                        kt[at + d * KEY_TILE] = k[(r * n_kv + kvh) * hd + d];
+                    }
+                    vh[(kvh * capacity + r) * hd..][..hd]
+                        .copy_from_slice(&v[(r * n_kv + kvh) * hd..][..hd]);
+                }
+            }
+            for mask in masks {
+                let want = masked_reference(&q, &k, &v, committed, t, mask, shape, scale);
+                let full =
+                    masked_reference(&q, &k, &v, committed, t, BlockMask::FULL, shape, scale);
+                assert!(
+                    max_err(&want, &full) > 1e-2,
+                    "{mask:?} changes nothing here"
+                );
+                for isa in isas() {
+                    let mut got = vec![0.0; q.len()];
+                    let rm = KvLayout::RowMajor;
+                    attention_block_with(
+                        isa, &q, &k, &v, rm, committed, t, mask, shape, scale, &mut got,
+                    );
+                    // f32 sums of ≤ 53 terms against f64, as the unmasked test.
+                    let err = max_err(&got, &want);
+                    assert!(err < 1e-5, "{isa:?} {mask:?} hd {hd}: max abs err {err}");
+                    let tl = KvLayout::KeyTiles { capacity };
+                    let mut tiled = vec![0.0; q.len()];
+                    attention_block_with(
+                        isa, &q, &kt, &vh, tl, committed, t, mask, shape, scale, &mut tiled,
+                    );
+                    assert_eq!(bits(&tiled), bits(&got), "{isa:?} {mask:?}: key tiles");
+                }
             }
         }
     }
