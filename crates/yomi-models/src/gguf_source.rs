@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use yomi_weights::{Matrix, QuantType, RopeScaling, WeightData};
 
 use crate::config::{Arch, GdnConfig, LayerKind, ModelConfig};
-use crate::gguf::{GgufArray, GgufFile, GgufValue, TensorInfo, TensorType};
+use crate::gguf::{GgufArray, GgufFile, GgufValue, TensorInfo, TensorType, q5};
 use crate::source::WeightSource;
 
 /// The GGUF architectures yomi maps onto its model code.
@@ -136,6 +136,20 @@ fn gguf_name(arch: Arch, hf: &str) -> Option<String> {
     Some(format!("blk.{n}.{mapped}"))
 }
 
+/// The values of Q5_0 or Q5_1 blocks.
+fn q5_values(ty: TensorType, bytes: &[u8]) -> Vec<f32> {
+    let block_bytes = match ty {
+        TensorType::Q5_0 => q5::Q5_0_BYTES,
+        _ => q5::Q5_1_BYTES,
+    };
+    let mut out = vec![0.0; bytes.len() / block_bytes * q5::BLOCK];
+    match ty {
+        TensorType::Q5_0 => q5::dequantize_q5_0(bytes, &mut out),
+        _ => q5::dequantize_q5_1(bytes, &mut out),
+    }
+    out
+}
+
 fn quant_type(t: TensorType) -> Option<QuantType> {
     Some(match t {
         TensorType::Q4_0 => QuantType::Q4_0,
@@ -246,6 +260,7 @@ impl<'a> GgufSource<'a> {
                 .chunks_exact(2)
                 .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
                 .collect(),
+            TensorType::Q5_0 | TensorType::Q5_1 => q5_values(t.ty, b),
             other => {
                 let cols = *t.shape.last().unwrap_or(&0);
                 let rows = t.n_elements() / cols.max(1);
@@ -392,6 +407,12 @@ impl WeightSource for GgufSource<'_> {
             ),
             TensorType::F16 => Matrix::new(rows, cols, WeightData::F16(u16s(&bytes))),
             TensorType::BF16 => Matrix::new(rows, cols, WeightData::Bf16(u16s(&bytes))),
+            // See `gguf::q5`: Q8_0 holds Q5_0's values exactly; Q5_1's offset needs f32.
+            TensorType::Q5_0 => {
+                Matrix::quantized(rows, cols, QuantType::Q8_0, q5::q5_0_to_q8_0(&bytes))
+                    .map_err(|e| anyhow!("GGUF tensor `{g}`: {e}"))?
+            }
+            TensorType::Q5_1 => Matrix::new(rows, cols, WeightData::F32(q5_values(t.ty, &bytes))),
             other => {
                 let q = quant_type(other)
                     .ok_or_else(|| anyhow!("GGUF tensor `{g}` has unsupported type {other:?}"))?;

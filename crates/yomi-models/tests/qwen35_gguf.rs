@@ -217,3 +217,113 @@ fn q8_0_gguf_agrees_with_hf_reference() {
 
 /// Max abs logit difference allowed for the Q8_0 file (see the test above).
 const Q8_MAX_ABS: f32 = 1.5;
+
+/// ggml's 5-bit blocks decode as gguf-py (llama.cpp's own Python package, an independent
+/// implementation) decodes them, bit for bit, on random rows with a constant row, a block of
+/// zeros and an outlier (tests/data/qwen35-tiny-gguf/q5-blocks.gguf, from
+/// tools/fixtures/make_q5_gguf.py); the Q8_0 blocks that Q5_0 becomes at load hold the same
+/// values.
+#[test]
+fn q5_blocks_decode_as_gguf_py_does() {
+    use yomi_models::gguf::q5;
+    let f = GgufFile::open(test_data("qwen35-tiny-gguf").join("q5-blocks.gguf")).expect("open");
+    let values = |name: &str| -> Vec<f32> {
+        let t = f.tensor(name).expect(name);
+        f.tensor_bytes(t)
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    };
+    for (name, decode) in [
+        ("q5_0", q5::dequantize_q5_0 as fn(&[u8], &mut [f32])),
+        ("q5_1", q5::dequantize_q5_1),
+    ] {
+        let want = values(&format!("{name}.deq"));
+        assert_eq!(want.len(), 4 * 64);
+        let bytes = f.tensor_bytes(f.tensor(name).expect(name));
+        let mut got = vec![0.0f32; want.len()];
+        decode(bytes, &mut got);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "{name}");
+        if name == "q5_0" {
+            let m = Matrix::quantized(
+                4,
+                64,
+                yomi_weights::QuantType::Q8_0,
+                q5::q5_0_to_q8_0(bytes),
+            )
+            .expect("Q8_0 blocks");
+            let mut row = vec![0.0f32; 64];
+            for r in 0..4 {
+                let got = m.row_f32(r, &mut row);
+                assert_eq!(bits(got), bits(&want[r * 64..(r + 1) * 64]), "Q8_0 row {r}");
+            }
+        }
+    }
+}
+
+/// A file whose matrices are Q5_0 and Q5_1, as llama.cpp writes Q4_K/Q5_K tensors of rows that
+/// are not whole super-blocks (tests/data/qwen35-tiny-gguf/qwen35-tiny-q5.gguf: every matrix
+/// of the f32 file quantized by gguf-py, alternately Q5_0 and Q5_1): Q5_0 loads as Q8_0 and
+/// Q5_1 as f32, and every weight sits within one 5-bit step of the f32 file's value — Q5_0's
+/// step d = amax/16 (values −16 … 15 times d), Q5_1's (max − min)/31 — while a misplaced row or
+/// block (the GDN projections' reordered rows, ssm_out's column blocks) would be off by the
+/// weights' own size. Q5_0's error reaches a whole step where ggml's quantizer clips (its scale
+/// is the signed extreme over −16, so the opposite extreme rounds to +16 and clips to 15), plus
+/// 15 times d's f16 rounding (< 1 %): bound 1.01 steps, measured 0.974.
+#[test]
+fn q5_gguf_weights_match_f32_within_a_quantization_step() {
+    let f = load_gguf("qwen35-tiny-f32.gguf");
+    let mut q = load_gguf("qwen35-tiny-q5.gguf");
+    let kinds: Vec<&str> = named_matrices(&q)
+        .iter()
+        .map(|(_, m)| kind(&m.data))
+        .collect();
+    let q8 = kinds.iter().filter(|&&k| k == "quantized").count();
+    let f32 = kinds.iter().filter(|&&k| k == "f32").count();
+    // The file's 33 matrices alternate Q5_0, Q5_1 from the LM head on: 17 Q5_0, 16 Q5_1.
+    assert_eq!((q8, f32), (17, 16), "{kinds:?}");
+    q.dequantize_to_f32();
+    for ((name, x), (_, y)) in named_matrices(&f).iter().zip(&named_matrices(&q)) {
+        let (x, y) = (f32s(x), f32s(y));
+        for (r, (rx, ry)) in x.chunks(32).zip(y.chunks(32)).enumerate() {
+            let amax = rx.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            let (lo, hi) = rx
+                .iter()
+                .fold((f32::MAX, f32::MIN), |(l, h), &v| (l.min(v), h.max(v)));
+            let step = (amax / 16.0).max((hi - lo) / 31.0);
+            let d = max_abs_diff(rx, ry);
+            assert!(
+                d <= 1.01 * step,
+                "{name} block {r}: off by {d} (step {step})"
+            );
+        }
+    }
+    for ((name, x), (_, y)) in named_vectors(&f).iter().zip(&named_vectors(&q)) {
+        assert!(x == y, "{name}: vectors stay f32 in both files");
+    }
+}
+
+/// The Q5 file runs as its own weights do: its logits against the same loaded weights
+/// dequantized to f32 (which the test above ties to the f32 file), so that only the kernels
+/// differ — the Q8_0 ones (Q5_0's tensors) round activations to ~16 bits (int8 × 2). Measured
+/// 2.6e-3 max abs (logits std ≈ 3), every row's top-1 the same; bound 1e-2. Against the HF
+/// reference this random model is far off at 5 bits (33/51 top-1, max abs 8.9: about 8 times
+/// the Q8_0 file's 0.94, as the 5-bit step is 8 times Q8_0's), which is the weights' rounding,
+/// not the loader.
+#[test]
+fn q5_gguf_runs_as_its_weights_in_f32() {
+    let prompt: Vec<u32> = (0..51).map(|i| (i * 37 % 500 + 5) as u32).collect();
+    let q = load_gguf("qwen35-tiny-q5.gguf");
+    let mut f = load_gguf("qwen35-tiny-q5.gguf");
+    f.dequantize_to_f32();
+    let (a, b) = (prefill_logits(&q, &prompt), prefill_logits(&f, &prompt));
+    let v = q.cfg.vocab_size;
+    let d = max_abs_diff(&a, &b);
+    let agree = (0..prompt.len())
+        .filter(|&i| argmax(&a[i * v..(i + 1) * v]) == argmax(&b[i * v..(i + 1) * v]))
+        .count();
+    eprintln!("qwen35 Q5 GGUF vs its weights in f32: max abs {d:.3e}, top-1 {agree}/51");
+    assert!(d < 1e-2, "logits differ by {d}");
+    assert_eq!(agree, prompt.len());
+}

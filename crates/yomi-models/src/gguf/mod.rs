@@ -26,6 +26,7 @@
 //! at [`GgufFile::open`]; a malformed file gives a [`GgufError`], never a panic.
 
 mod parse;
+pub mod q5;
 #[cfg(test)]
 pub(crate) mod tests;
 
@@ -46,6 +47,10 @@ pub enum TensorType {
     F16,
     Q4_0,
     Q4_1,
+    /// Read and turned into Q8_0 at load ([`q5`]).
+    Q5_0,
+    /// Read and turned into f32 at load ([`q5`]).
+    Q5_1,
     Q8_0,
     Q4_K,
     Q5_K,
@@ -54,11 +59,13 @@ pub enum TensorType {
 }
 
 impl TensorType {
-    pub const ALL: [TensorType; 9] = [
+    pub const ALL: [TensorType; 11] = [
         TensorType::F32,
         TensorType::F16,
         TensorType::Q4_0,
         TensorType::Q4_1,
+        TensorType::Q5_0,
+        TensorType::Q5_1,
         TensorType::Q8_0,
         TensorType::Q4_K,
         TensorType::Q5_K,
@@ -73,6 +80,8 @@ impl TensorType {
             TensorType::F16 => 1,
             TensorType::Q4_0 => 2,
             TensorType::Q4_1 => 3,
+            TensorType::Q5_0 => 6,
+            TensorType::Q5_1 => 7,
             TensorType::Q8_0 => 8,
             TensorType::Q4_K => 12,
             TensorType::Q5_K => 13,
@@ -89,7 +98,11 @@ impl TensorType {
     pub const fn block_size(self) -> usize {
         match self {
             TensorType::F32 | TensorType::F16 | TensorType::BF16 => 1,
-            TensorType::Q4_0 | TensorType::Q4_1 | TensorType::Q8_0 => 32,
+            TensorType::Q4_0
+            | TensorType::Q4_1
+            | TensorType::Q5_0
+            | TensorType::Q5_1
+            | TensorType::Q8_0 => 32,
             TensorType::Q4_K | TensorType::Q5_K | TensorType::Q6_K => 256,
         }
     }
@@ -101,6 +114,8 @@ impl TensorType {
             TensorType::F16 | TensorType::BF16 => 2,
             TensorType::Q4_0 => 18,
             TensorType::Q4_1 => 20,
+            TensorType::Q5_0 => q5::Q5_0_BYTES,
+            TensorType::Q5_1 => q5::Q5_1_BYTES,
             TensorType::Q8_0 => 34,
             TensorType::Q4_K => 144,
             TensorType::Q5_K => 176,
@@ -114,6 +129,8 @@ impl TensorType {
             TensorType::F16 => "F16",
             TensorType::Q4_0 => "Q4_0",
             TensorType::Q4_1 => "Q4_1",
+            TensorType::Q5_0 => "Q5_0",
+            TensorType::Q5_1 => "Q5_1",
             TensorType::Q8_0 => "Q8_0",
             TensorType::Q4_K => "Q4_K",
             TensorType::Q5_K => "Q5_K",
@@ -439,7 +456,7 @@ impl fmt::Display for GgufError {
                 Some(n) => write!(
                     f,
                     "tensor '{tensor}' has ggml type {n} (id {id}), which is not supported \
-                     (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)"
+                     (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)"
                 ),
                 None => write!(f, "tensor '{tensor}' has unknown ggml type id {id}"),
             },

@@ -410,7 +410,7 @@ fn bad_magic_and_version() {
 #[test]
 fn unknown_tensor_type_names_the_tensor() {
     for (id, what) in [
-        (6u32, "Q5_0"),
+        (9u32, "Q8_1"),
         (10, "Q2_K"),
         (200, "unknown ggml type id 200"),
     ] {
