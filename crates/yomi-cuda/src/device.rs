@@ -161,10 +161,55 @@ impl CudaDevice {
     }
 
     /// Compiles (or reads from the cache) and loads every kernel module now, instead of at first
-    /// use.
+    /// use, on as many threads as the host has.
     pub fn load_all(&self) -> Result<()> {
-        for m in Module::ALL {
-            self.module(m)?;
+        let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+        self.load_all_with(threads, &mut |_, _| {})
+    }
+
+    /// [`load_all`](Self::load_all) on up to `threads` compiling threads:
+    /// [`compile_missing`](Self::compile_missing), then [`install`](Self::install).
+    pub fn load_all_with(
+        &self,
+        threads: usize,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<()> {
+        let compiled = self.compile_missing(threads, progress)?;
+        self.install(compiled)
+    }
+
+    /// The PTX of every kernel module not loaded yet, compiled (or read from the cache) on up
+    /// to `threads` threads ([`kernels::load_or_compile_all`]); `progress(ready, total)` as
+    /// modules are ready. Uses NVRTC only, not the device, so it may run on another thread
+    /// while weights upload.
+    pub fn compile_missing(
+        &self,
+        threads: usize,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Vec<(Module, kernels::Compiled)>> {
+        let missing: Vec<Module> = {
+            let loaded = self.modules.lock().unwrap();
+            Module::ALL
+                .into_iter()
+                .filter(|m| !loaded.contains_key(m))
+                .collect()
+        };
+        let compiled = kernels::load_or_compile_all(
+            &missing,
+            &self.arch,
+            self.cache_dir(),
+            threads,
+            &mut |done, total, _| progress(done, total),
+        )?;
+        Ok(missing.into_iter().zip(compiled).collect())
+    }
+
+    /// Loads compiled modules into the context (those loaded meanwhile are skipped).
+    pub fn install(&self, compiled: Vec<(Module, kernels::Compiled)>) -> Result<()> {
+        for (m, c) in compiled {
+            if !self.modules.lock().unwrap().contains_key(&m) {
+                self.install_one(m, c)?;
+            }
         }
         Ok(())
     }
@@ -173,8 +218,14 @@ impl CudaDevice {
         if let Some(md) = self.modules.lock().unwrap().get(&m) {
             return Ok(md.clone());
         }
-        let t0 = std::time::Instant::now();
         let c = kernels::load_or_compile(m, &self.arch, self.cache_dir())?;
+        self.install_one(m, c)
+    }
+
+    /// Loads a compiled module into the context and records it (its time: the compile or the
+    /// cache read, and the load).
+    fn install_one(&self, m: Module, c: kernels::Compiled) -> Result<Arc<CudaModule>> {
+        let t0 = std::time::Instant::now();
         let md = guard("load module", || {
             self.ctx
                 .load_module(Ptx::from_src(c.ptx))
@@ -186,7 +237,7 @@ impl CudaDevice {
             arch: self.arch.clone(),
             cache_path: c.cache_path,
             from_cache: c.from_cache,
-            millis: t0.elapsed().as_secs_f64() * 1e3,
+            millis: c.millis + t0.elapsed().as_secs_f64() * 1e3,
         });
         self.modules.lock().unwrap().insert(m, md.clone());
         Ok(md)

@@ -281,6 +281,53 @@ pub fn load_or_compile(module: Module, arch: &str, dir: Option<&Path>) -> Result
     })
 }
 
+/// [`load_or_compile`] for each of `modules` on up to `threads` threads at once (NVRTC
+/// compiles separate programs concurrently; a first run's minute of compiling is bounded by
+/// the largest module instead of the sum). Modules start largest source first, so the longest
+/// compiles overlap the rest. `done(finished, total, module)` is called on this thread as each
+/// module is ready, in the order they finish; the result keeps `modules`' order, or is the
+/// first module's error.
+pub fn load_or_compile_all(
+    modules: &[Module],
+    arch: &str,
+    dir: Option<&Path>,
+    threads: usize,
+    done: &mut dyn FnMut(usize, usize, Module),
+) -> Result<Vec<Compiled>> {
+    let mut order: Vec<usize> = (0..modules.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(modules[i].file_source().len()));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut out: Vec<Option<Result<Compiled>>> = (0..modules.len()).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..threads.clamp(1, modules.len().max(1)) {
+            let (tx, next, order) = (tx.clone(), &next, &order);
+            scope.spawn(move || {
+                loop {
+                    let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(&i) = order.get(k) else { break };
+                    if tx
+                        .send((i, load_or_compile(modules[i], arch, dir)))
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        for (finished, (i, r)) in rx.iter().enumerate() {
+            done(finished + 1, modules.len(), modules[i]);
+            out[i] = Some(r);
+        }
+    });
+    out.into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| Err(CudaError::Invalid("a kernel compile thread stopped".into())))
+        })
+        .collect()
+}
+
 fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
     if let Some(d) = path.parent() {
         std::fs::create_dir_all(d)?;
@@ -485,6 +532,59 @@ mod tests {
         .unwrap_err();
         let msg = e.to_string();
         assert!(msg.contains("undeclared_thing"), "{msg}");
+    }
+
+    /// Every module compiled on several threads at once is the PTX one thread compiles, the
+    /// progress counts each module once, and a second call reads them all from the cache.
+    /// Prints the sum of the modules' compile times against the wall time.
+    #[test]
+    #[ignore = "needs NVRTC (pip nvidia-cuda-nvrtc==13.0.*); run with --ignored nvrtc"]
+    fn nvrtc_compiles_modules_in_parallel() {
+        assert!(
+            crate::nvrtc_present(),
+            "libnvrtc not found on the library path"
+        );
+        let dir = std::env::temp_dir().join(format!("yomi-kpar-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let mut seen = Vec::new();
+        let t0 = Instant::now();
+        let all = load_or_compile_all(
+            &Module::ALL,
+            "sm_90",
+            Some(&dir),
+            threads,
+            &mut |n, total, m| {
+                assert_eq!(total, Module::ALL.len());
+                seen.push((n, m));
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let wall = t0.elapsed().as_secs_f64() * 1e3;
+        let sum: f64 = all.iter().map(|c| c.millis).sum();
+        println!(
+            "RESULT {} modules on {threads} threads: {wall:.0} ms wall, {sum:.0} ms summed",
+            all.len()
+        );
+        assert_eq!(seen.len(), Module::ALL.len());
+        assert!(seen.iter().enumerate().all(|(i, &(n, _))| n == i + 1));
+        for (m, c) in Module::ALL.iter().zip(&all) {
+            println!("RESULT {}.cu: {:.0} ms", m.name(), c.millis);
+            assert!(!c.from_cache);
+            assert!(seen.iter().any(|&(_, s)| s == *m));
+            let one = compile_module(*m, "sm_90").unwrap_or_else(|e| panic!("{e}"));
+            assert!(c.ptx == one, "{}: the parallel compile differs", m.name());
+        }
+        let again = load_or_compile_all(
+            &Module::ALL,
+            "sm_90",
+            Some(&dir),
+            threads,
+            &mut |_, _, _| {},
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(again.iter().all(|c| c.from_cache));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -296,7 +296,8 @@ impl Accelerator for CudaModel {
     }
 }
 
-/// Opens CUDA device `ordinal` for a model. The kernels compile at first use: without NVRTC
+/// Opens CUDA device `ordinal` for a model. The kernels compile while the weights upload
+/// ([`KernelPrep`]): without NVRTC
 /// nothing could run, so that is said now (and `--device auto` stays on the CPU) rather than at
 /// the first pass.
 fn open_device(ordinal: usize, opts: &yomi_cuda::CudaOptions) -> Result<Arc<CudaDevice>> {
@@ -319,6 +320,34 @@ pub fn cuda_model(model: &Model) -> Option<Arc<CudaModel>> {
         .ok()
 }
 
+/// Kernels being compiled on a thread of their own while the weights upload (NVRTC only: the
+/// device context stays on the loading thread), so that a first run's compiling, on every core,
+/// overlaps the upload instead of following it module by module at the first pass.
+pub(crate) struct KernelPrep(std::thread::JoinHandle<yomi_cuda::Result<Vec<CompiledModule>>>);
+
+type CompiledModule = (yomi_cuda::kernels::Module, yomi_cuda::kernels::Compiled);
+
+impl KernelPrep {
+    /// Starts compiling (or reading from the cache) the kernels `dev` has not loaded.
+    pub(crate) fn start(dev: &Arc<CudaDevice>) -> Self {
+        let dev = dev.clone();
+        let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+        KernelPrep(std::thread::spawn(move || {
+            dev.compile_missing(threads, &mut |_, _| {})
+        }))
+    }
+
+    /// Waits for the compiles and loads the modules into `dev`.
+    pub(crate) fn finish(self, dev: &CudaDevice) -> Result<()> {
+        let compiled = self
+            .0
+            .join()
+            .map_err(|_| anyhow::anyhow!("the kernel compile thread panicked"))??;
+        dev.install(compiled)?;
+        Ok(())
+    }
+}
+
 /// Opens CUDA device `ordinal` with `opts`, uploads `model`'s weights there and makes the model
 /// run its passes on it; the host copies of the matrices are dropped.
 pub fn attach(
@@ -328,9 +357,11 @@ pub fn attach(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
     let dev = open_device(ordinal, opts)?;
+    let kernels = KernelPrep::start(&dev);
     // The device kernels read GGML blocks row after row, not the CPU's packed groups.
     model.unpack();
-    let cm = CudaModel::upload(dev, model, progress)?;
+    let cm = CudaModel::upload(dev.clone(), model, progress)?;
+    kernels.finish(&dev)?;
     model.accel = Some(Arc::new(cm));
     model.release_host_matrices();
     Ok(())

@@ -11,7 +11,7 @@ use yomi_models::{Model, ModelConfig};
 use yomi_weights::{Matrix, Rope};
 
 use super::weights::{DevWeights, upload_embed, upload_layer};
-use super::{CudaModel, check_supported, open_device};
+use super::{CudaModel, KernelPrep, check_supported, open_device};
 use yomi_cuda::CudaDevice;
 use yomi_cuda::backend::{Cuda, DevLinear};
 
@@ -19,6 +19,8 @@ use yomi_cuda::backend::{Cuda, DevLinear};
 /// makes the loaded model run there.
 pub struct Uploader {
     dev: Arc<CudaDevice>,
+    /// The kernels, compiling meanwhile.
+    kernels: Option<KernelPrep>,
     cfg: Option<ModelConfig>,
     embed: Option<DevLinear>,
     layers: Vec<Layer<Cuda>>,
@@ -30,8 +32,10 @@ pub struct Uploader {
 impl Uploader {
     /// Opens CUDA device `ordinal` with `opts` for a model about to be loaded.
     pub fn open(ordinal: usize, opts: &yomi_cuda::CudaOptions) -> Result<Self> {
+        let dev = open_device(ordinal, opts)?;
         Ok(Uploader {
-            dev: open_device(ordinal, opts)?,
+            kernels: Some(KernelPrep::start(&dev)),
+            dev,
             cfg: None,
             embed: None,
             layers: Vec::new(),
@@ -71,6 +75,9 @@ impl Uploader {
         let (Some(cfg), Some(w)) = (self.cfg, self.weights) else {
             bail!("no model was loaded into this uploader");
         };
+        if let Some(k) = self.kernels {
+            k.finish(&self.dev)?;
+        }
         CudaModel::from_weights(self.dev, cfg, w)
     }
 }
