@@ -491,9 +491,23 @@ __device__ __forceinline__ void dequant_hl_body(const QPtrs a, u16* __restrict__
     DEQUANT_KERNEL(dequant_rows_##D, F)             \
     DEQUANT_HL_KERNEL(dequant_hl_##D, F)
 
+// One module per format (the host defines QGEMV_ONLY as one QF_* value): NVRTC compiles the
+// six in parallel, and a model loads only the formats it has. Without QGEMV_ONLY, all six.
+#if !defined(QGEMV_ONLY) || QGEMV_ONLY == QF_Q8_0
 QGEMV_FORMAT(q8_0, QF_Q8_0)
+#endif
+#if !defined(QGEMV_ONLY) || QGEMV_ONLY == QF_Q4_0
 QGEMV_FORMAT(q4_0, QF_Q4_0)
+#endif
+#if !defined(QGEMV_ONLY) || QGEMV_ONLY == QF_Q4_1
 QGEMV_FORMAT(q4_1, QF_Q4_1)
+#endif
+#if !defined(QGEMV_ONLY) || QGEMV_ONLY == QF_Q4_K
 QGEMV_FORMAT(q4_k, QF_Q4_K)
+#endif
+#if !defined(QGEMV_ONLY) || QGEMV_ONLY == QF_Q5_K
 QGEMV_FORMAT(q5_k, QF_Q5_K)
+#endif
+#if !defined(QGEMV_ONLY) || QGEMV_ONLY == QF_Q6_K
 QGEMV_FORMAT(q6_k, QF_Q6_K)
+#endif

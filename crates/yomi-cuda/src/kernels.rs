@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::error::{CudaError, Result};
+use crate::quant::QuantFormat;
 
 /// The prelude every module starts with.
 pub const PRELUDE: &str = include_str!("../kernels/common.cuh");
@@ -26,13 +27,14 @@ pub enum Module {
     Glue,
     Attn,
     Conv,
-    GemvQuant,
+    /// gemv_quant.cu's kernels of one format.
+    GemvQuant(QuantFormat),
     Topk,
     Gemm,
 }
 
 impl Module {
-    pub const ALL: [Module; 11] = [
+    pub const ALL: [Module; 16] = [
         Module::Norm,
         Module::Act,
         Module::Rope,
@@ -41,7 +43,12 @@ impl Module {
         Module::Glue,
         Module::Attn,
         Module::Conv,
-        Module::GemvQuant,
+        Module::GemvQuant(QuantFormat::Q8_0),
+        Module::GemvQuant(QuantFormat::Q4_0),
+        Module::GemvQuant(QuantFormat::Q4_1),
+        Module::GemvQuant(QuantFormat::Q4_K),
+        Module::GemvQuant(QuantFormat::Q5_K),
+        Module::GemvQuant(QuantFormat::Q6_K),
         Module::Topk,
         Module::Gemm,
     ];
@@ -57,7 +64,14 @@ impl Module {
             Module::Glue => "glue",
             Module::Attn => "attention",
             Module::Conv => "conv",
-            Module::GemvQuant => "gemv_quant",
+            Module::GemvQuant(f) => match f {
+                QuantFormat::Q8_0 => "gemv_quant_q8_0",
+                QuantFormat::Q4_0 => "gemv_quant_q4_0",
+                QuantFormat::Q4_1 => "gemv_quant_q4_1",
+                QuantFormat::Q4_K => "gemv_quant_q4_k",
+                QuantFormat::Q5_K => "gemv_quant_q5_k",
+                QuantFormat::Q6_K => "gemv_quant_q6_k",
+            },
             Module::Topk => "topk",
             Module::Gemm => "gemm",
         }
@@ -74,17 +88,31 @@ impl Module {
             Module::Glue => include_str!("../kernels/glue.cu"),
             Module::Attn => include_str!("../kernels/attention.cu"),
             Module::Conv => include_str!("../kernels/conv.cu"),
-            Module::GemvQuant => include_str!("../kernels/gemv_quant.cu"),
+            Module::GemvQuant(_) => include_str!("../kernels/gemv_quant.cu"),
             Module::Topk => include_str!("../kernels/topk.cu"),
             Module::Gemm => include_str!("../kernels/gemm.cu"),
         }
     }
 
-    /// What NVRTC compiles: the prelude, then the file.
+    /// The file the module is compiled from (several modules may share one).
+    pub fn file_name(self) -> &'static str {
+        match self {
+            Module::GemvQuant(_) => "gemv_quant",
+            m => m.name(),
+        }
+    }
+
+    /// What NVRTC compiles: the prelude, the module's defines, then the file.
     pub fn source(self) -> String {
+        let defines = match self {
+            Module::GemvQuant(f) => {
+                format!("#define QGEMV_ONLY QF_{}\n", f.tag().to_ascii_uppercase())
+            }
+            _ => String::new(),
+        };
         format!(
-            "{PRELUDE}\n#line 1 \"{}.cu\"\n{}",
-            self.name(),
+            "{PRELUDE}\n{defines}#line 1 \"{}.cu\"\n{}",
+            self.file_name(),
             self.file_source()
         )
     }
@@ -121,7 +149,7 @@ impl Module {
             .to_vec(),
             Module::Attn => crate::attention::kernel_names(),
             Module::Conv => vec!["conv1d_tree_f32".into()],
-            Module::GemvQuant => crate::quant::all_kernels(),
+            Module::GemvQuant(f) => crate::quant::kernels_of(f),
             Module::Topk => crate::topk::KERNELS.map(String::from).to_vec(),
             Module::Gemm => crate::gemm::KERNELS.map(String::from).to_vec(),
         }
@@ -523,6 +551,13 @@ mod tests {
                     "{k} missing from the PTX"
                 );
             }
+            // A format's module holds that format's kernels only.
+            if let Module::GemvQuant(f) = m {
+                for other in QuantFormat::ALL.into_iter().filter(|&o| o != f) {
+                    let stray = format!(".entry gemv_{}_", other.tag());
+                    assert!(!ptx.contains(&stray), "{}: {stray}", m.name());
+                }
+            }
         }
         let e = compile_source(
             Module::Norm,
@@ -569,7 +604,7 @@ mod tests {
         assert_eq!(seen.len(), Module::ALL.len());
         assert!(seen.iter().enumerate().all(|(i, &(n, _))| n == i + 1));
         for (m, c) in Module::ALL.iter().zip(&all) {
-            println!("RESULT {}.cu: {:.0} ms", m.name(), c.millis);
+            println!("RESULT module {}: {:.0} ms", m.name(), c.millis);
             assert!(!c.from_cache);
             assert!(seen.iter().any(|&(_, s)| s == *m));
             let one = compile_module(*m, "sm_90").unwrap_or_else(|e| panic!("{e}"));

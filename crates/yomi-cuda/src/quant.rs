@@ -436,15 +436,19 @@ pub(crate) fn variants(bucket: usize) -> Vec<GemvKernel> {
 }
 
 /// Every kernel of gemv_quant.cu.
+#[cfg(test)]
 pub(crate) fn all_kernels() -> Vec<String> {
+    QuantFormat::ALL.into_iter().flat_map(kernels_of).collect()
+}
+
+/// The kernels of one format (its module, `Module::GemvQuant(f)`).
+pub(crate) fn kernels_of(f: QuantFormat) -> Vec<String> {
     let mut v = Vec::new();
-    for f in QuantFormat::ALL {
-        for &(b, r, u) in &QUANT_VARIANTS {
-            v.push(format!("gemv_{}_t{b}_r{r}_u{u}", f.tag()));
-        }
-        v.push(format!("dequant_rows_{}", f.tag()));
-        v.push(format!("dequant_hl_{}", f.tag()));
+    for &(b, r, u) in &QUANT_VARIANTS {
+        v.push(format!("gemv_{}_t{b}_r{r}_u{u}", f.tag()));
     }
+    v.push(format!("dequant_rows_{}", f.tag()));
+    v.push(format!("dequant_hl_{}", f.tag()));
     v
 }
 
@@ -494,7 +498,7 @@ impl CudaDevice {
         name: &str,
         rows_per_warp: usize,
     ) -> Result<()> {
-        let f = self.func(Module::GemvQuant, name)?;
+        let f = self.func(Module::GemvQuant(q.fmt), name)?;
         let (n_i, k_i, t_i) = (
             i32::try_from(w.rows)
                 .map_err(|_| CudaError::Invalid("linear: too many rows".into()))?,
@@ -533,7 +537,7 @@ impl CudaDevice {
         lp: u64,
     ) -> Result<()> {
         let name = format!("dequant_hl_{}", q.fmt.tag());
-        let f = self.func(Module::GemvQuant, &name)?;
+        let f = self.func(Module::GemvQuant(q.fmt), &name)?;
         let nu = w.cols / UNIT;
         ensure!(
             w.rows <= 65535,
@@ -591,7 +595,7 @@ impl CudaDevice {
             return Ok(());
         }
         let name = format!("dequant_rows_{}", q.fmt.tag());
-        let f = self.func(Module::GemvQuant, &name)?;
+        let f = self.func(Module::GemvQuant(q.fmt), &name)?;
         let nu = w.cols / UNIT;
         let (n_i, k_i) = (
             i32::try_from(w.rows).map_err(|_| CudaError::Invalid("too many rows".into()))?,
@@ -924,7 +928,7 @@ mod tests {
             }
         }
         let names = all_kernels();
-        let src = Module::GemvQuant.file_source();
+        let src = Module::GemvQuant(QuantFormat::Q8_0).file_source();
         for n in &names {
             assert!(macro_defines(src, n), "{n}");
         }
