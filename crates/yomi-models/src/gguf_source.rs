@@ -20,7 +20,7 @@
 
 use anyhow::{Context, Result, anyhow, bail};
 use std::collections::HashMap;
-use yomi_weights::{Matrix, QuantType, RopeScaling, WeightData};
+use yomi_weights::{Matrix, QuantData, QuantType, RopeScaling, WeightData};
 
 use crate::config::{Arch, GdnConfig, LayerKind, ModelConfig};
 use crate::gguf::{GgufArray, GgufFile, GgufValue, TensorInfo, TensorType, q5};
@@ -407,12 +407,16 @@ impl WeightSource for GgufSource<'_> {
             ),
             TensorType::F16 => Matrix::new(rows, cols, WeightData::F16(u16s(&bytes))),
             TensorType::BF16 => Matrix::new(rows, cols, WeightData::Bf16(u16s(&bytes))),
-            // See `gguf::q5`: Q8_0 holds Q5_0's values exactly; Q5_1's offset needs f32.
+            // See `gguf::q5`: Q8_0 holds Q5_0's values exactly, Q5_1's within half a Q8_0 step.
             TensorType::Q5_0 => {
                 Matrix::quantized(rows, cols, QuantType::Q8_0, q5::q5_0_to_q8_0(&bytes))
                     .map_err(|e| anyhow!("GGUF tensor `{g}`: {e}"))?
             }
-            TensorType::Q5_1 => Matrix::new(rows, cols, WeightData::F32(q5_values(t.ty, &bytes))),
+            TensorType::Q5_1 => {
+                let values = q5_values(t.ty, &bytes);
+                let q8 = QuantData::quantize(QuantType::Q8_0, rows, cols, &values);
+                Matrix::new(rows, cols, WeightData::Quant(q8))
+            }
             other => {
                 let q = quant_type(other)
                     .ok_or_else(|| anyhow!("GGUF tensor `{g}` has unsupported type {other:?}"))?;

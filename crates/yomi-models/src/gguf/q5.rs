@@ -1,7 +1,9 @@
 //! ggml's 5-bit legacy blocks, which yomi reads but does not run: llama.cpp's `llama-quantize`
-//! writes them for the Q4_K (→ Q5_0) and Q5_K (→ Q5_1) tensors of a Q4_K_M/Q4_K_S file whose
-//! rows are not whole 256-value super-blocks (models 576, 896 or 320 wide). At load, Q5_0
-//! becomes Q8_0 exactly and Q5_1 becomes f32 exactly, so no kernel of either kind is needed.
+//! writes them for the Q4_K (→ Q5_0) and Q5_K (→ Q5_1) tensors of a K-quant file whose rows are
+//! not whole 256-value super-blocks (models 576, 896 or 320 wide: a Q5_K_S file of SmolLM2 is
+//! Q5_1 almost throughout). At load both become Q8_0, so no kernel of either kind is needed and
+//! they run on the int8 kernels at 8.5 bits per weight: Q5_0 exactly, Q5_1 rounded once more
+//! (its offset has no place in Q8_0; f32 would be exact at 3.8 times the bytes).
 //!
 //! Layouts (32 values per block, little-endian), as ggml's `block_q5_0` / `block_q5_1`:
 //! - Q5_0, 22 bytes: f16 `d`, u32 `qh`, 16 bytes `qs`. Value j < 16 is
@@ -11,7 +13,9 @@
 //!   −16, and the value is `q·d + m` (a product, then a sum: ggml's order, no fused multiply-add).
 //!
 //! Q5_0 → Q8_0 is exact: a Q8_0 block (f16 `d`, 32 × i8) with Q5_0's own `d` and the signed
-//! 5-bit values dequantizes to the same products. Q5_1's offset has no place in Q8_0.
+//! 5-bit values dequantizes to the same products. Q5_1 → Q8_0 quantizes the block's values
+//! again (scale amax/127): within half a Q8_0 step, about a quarter of Q5_1's own step where
+//! the block's values span both signs.
 
 use half::f16;
 
