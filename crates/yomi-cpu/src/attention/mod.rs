@@ -1085,18 +1085,7 @@ mod tests {
             let scale = 1.0 / (hd as f32).sqrt();
             let capacity = rows + 7;
             let per_head = capacity.div_ceil(KEY_TILE) * hd * KEY_TILE;
-            let mut kt = rand(n_kv * per_head, 54);
-            let mut vh = vec![0.0; n_kv * capacity * hd];
-            for r in 0..rows {
-                for kvh in 0..n_kv {
-                    let at = kvh * per_head + key_offset(hd, r);
-                    for d in 0..hd {
-                        kt[at + d * KEY_TILE] = k[(r * n_kv + kvh) * hd + d];
-                    }
-                    vh[(kvh * capacity + r) * hd..][..hd]
-                        .copy_from_slice(&v[(r * n_kv + kvh) * hd..][..hd]);
-                }
-            }
+            let (kt, vh) = tiled(&k, &v, n_kv, hd, capacity, rand(n_kv * per_head, 54));
             let one = TreeBatch::chain(1);
             for isa in isas() {
                 let mut got = vec![0.0; q.len()];
@@ -1125,6 +1114,31 @@ mod tests {
                 assert_eq!(bits(&tiled), bits(&got), "{isa:?} hd {hd}: key tiles");
             }
         }
+    }
+
+    /// Row-major K/V ([rows, n_kv, hd]) in the CPU cache's layouts: K in key tiles over `kt`
+    /// (whose other slots keep their values, which must not matter), V head-major.
+    fn tiled(
+        k: &[f32],
+        v: &[f32],
+        n_kv: usize,
+        hd: usize,
+        capacity: usize,
+        mut kt: Vec<f32>,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let per_head = capacity.div_ceil(KEY_TILE) * hd * KEY_TILE;
+        let mut vh = vec![0.0; n_kv * capacity * hd];
+        for r in 0..k.len() / (n_kv * hd) {
+            for kvh in 0..n_kv {
+                let at = kvh * per_head + key_offset(hd, r);
+                for d in 0..hd {
+                    kt[at + d * KEY_TILE] = k[(r * n_kv + kvh) * hd + d];
+                }
+                vh[(kvh * capacity + r) * hd..][..hd]
+                    .copy_from_slice(&v[(r * n_kv + kvh) * hd..][..hd]);
+            }
+        }
+        (kt, vh)
     }
 
     /// Plain softmax attention in f64 of each block row over the keys `mask` lets it see.
@@ -1212,18 +1226,7 @@ mod tests {
             let scale = 1.0 / (hd as f32).sqrt();
             let capacity = rows + 3;
             let per_head = capacity.div_ceil(KEY_TILE) * hd * KEY_TILE;
-            let mut kt = vec![0.0; n_kv * per_head];
-            let mut vh = vec![0.0; n_kv * capacity * hd];
-            for r in 0..rows {
-                for kvh in 0..n_kv {
-                    let at = kvh * per_head + key_offset(hd, r);
-                    for d in 0..hd {
-                        kt[at + d * KEY_TILE] = k[(r * n_kv + kvh) * hd + d];
-                    }
-                    vh[(kvh * capacity + r) * hd..][..hd]
-                        .copy_from_slice(&v[(r * n_kv + kvh) * hd..][..hd]);
-                }
-            }
+            let (kt, vh) = tiled(&k, &v, n_kv, hd, capacity, vec![0.0; n_kv * per_head]);
             for mask in masks {
                 let want = masked_reference(&q, &k, &v, committed, t, mask, shape, scale);
                 let full =
