@@ -694,7 +694,7 @@ pub fn requantize_q8_0(m: &mut yomi_weights::Matrix) {
 mod tests {
     use super::*;
 
-    /// dflash-tiny's config with `extra`'s keys set (a `null` value removes the key).
+    /// dflash-tiny's config with `extra`'s keys set (a `null` stays in the JSON as null).
     fn config(extra: serde_json::Value) -> Result<DFlashConfig> {
         let mut v = serde_json::json!({
             "architectures": ["DFlashDraftModel"],

@@ -297,9 +297,8 @@ impl Accelerator for CudaModel {
 }
 
 /// Opens CUDA device `ordinal` for a model. The kernels compile while the weights upload
-/// ([`KernelPrep`]): without NVRTC
-/// nothing could run, so that is said now (and `--device auto` stays on the CPU) rather than at
-/// the first pass.
+/// ([`KernelPrep`]): without NVRTC nothing could run, so that is said now (and `--device auto`
+/// stays on the CPU) rather than at the first pass.
 fn open_device(ordinal: usize, opts: &yomi_cuda::CudaOptions) -> Result<Arc<CudaDevice>> {
     if !yomi_cuda::nvrtc_present() {
         anyhow::bail!(
