@@ -1,9 +1,12 @@
-//! `yomi quantize`: a Hugging Face model into yomi's own 4-bit (M) or 8-bit (L) format.
+//! `yomi quantize`: a Hugging Face model or a GGUF file into yomi's own 4-bit (M) or 8-bit (L)
+//! format.
 
 use anyhow::{Result, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use std::path::Path;
 use std::path::PathBuf;
+use yomi_models::loader::{ModelFormat, detect_format};
 use yomi_models::quantize::{QuantizeOptions, quantize_dir};
 use yomi_weights::YomiFormat;
 
@@ -13,15 +16,21 @@ use crate::settings::Settings;
 #[command(after_help = "Examples:\n  \
     yomi quantize --model ./Qwen3.5-9B --format m --out ./Qwen3.5-9B-M\n  \
     yomi quantize --model ./SmolLM2-135M --format l --no-rotation --out ./SmolLM2-135M-L\n  \
+    yomi quantize --model ./Qwen3-0.6B-BF16.gguf --format m --out ./Qwen3-0.6B-M\n  \
     yomi run --model ./Qwen3.5-9B-M -m \"Hello\"\n\n\
     Formats: m = 4-bit asymmetric groups (f16 scale and minimum per group; 4.5 bits per weight \
     at group 64), l = 8-bit symmetric groups (f16 scale). With the rotation (default) each \
     multiplied matrix is turned by a block-32 randomized Hadamard transform before rounding, \
     which spreads outlier columns; the engine turns the activations the same way. Rotated \
-    weights run on the CPU only for now; use --no-rotation for CUDA.")]
+    weights run on the CPU only for now; use --no-rotation for CUDA. A GGUF file is first \
+    written out as a Hugging Face directory beside --out (its weights at their exact values, \
+    quantized ones as f32; removed afterwards): quantizing a file that is already quantized \
+    rounds its weights twice, so start from an F16/BF16/F32 file where there is one. A \
+    Qwen3.5 file's MTP block is not carried over.")]
 pub struct QuantizeArgs {
-    /// The source: a Hugging Face model directory (bf16, f16 or f32 safetensors).
-    #[arg(long, short = 'M', value_name = "DIR")]
+    /// The source: a Hugging Face model directory (bf16, f16 or f32 safetensors) or a GGUF
+    /// file.
+    #[arg(long, short = 'M', value_name = "DIR|FILE")]
     pub model: PathBuf,
     /// m (4-bit asymmetric) or l (8-bit symmetric).
     #[arg(long, value_name = "m|l", value_parser = ["m", "l"])]
@@ -63,6 +72,13 @@ pub fn run(a: QuantizeArgs, _settings: &Settings) -> Result<()> {
         embedding: format_choice(&a.embedding),
         lm_head: format_choice(&a.lm_head),
     };
+    if a.out.exists() {
+        bail!("{} already exists; choose a new --out", a.out.display());
+    }
+    let source = match detect_format(&a.model)? {
+        ModelFormat::HfDir => Source::Dir(a.model.clone()),
+        ModelFormat::Gguf => export_gguf(&a.model, &a.out)?,
+    };
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template(
@@ -70,11 +86,12 @@ pub fn run(a: QuantizeArgs, _settings: &Settings) -> Result<()> {
         )
         .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let report = quantize_dir(&a.model, &a.out, &opts, &mut |done, total| {
+    let report = quantize_dir(source.dir(), &a.out, &opts, &mut |done, total| {
         bar.set_length(total);
         bar.set_position(done);
     });
     bar.finish_and_clear();
+    drop(source);
     let r = report?;
     eprintln!(
         "{} matrices ({:.1} M weights) in {} at {:.3} bits per weight; model {:.1} MB → {:.1} MB",
@@ -94,4 +111,63 @@ pub fn run(a: QuantizeArgs, _settings: &Settings) -> Result<()> {
     }
     println!("{}", a.out.display());
     Ok(())
+}
+
+/// The directory `yomi quantize` reads: the source itself, or a GGUF file written out as a
+/// Hugging Face directory, removed when this is dropped (on success and on error alike).
+enum Source {
+    Dir(PathBuf),
+    Exported(PathBuf),
+}
+
+impl Source {
+    fn dir(&self) -> &Path {
+        match self {
+            Source::Dir(p) | Source::Exported(p) => p,
+        }
+    }
+}
+
+impl Drop for Source {
+    fn drop(&mut self) {
+        if let Source::Exported(p) = self {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
+
+/// Writes the GGUF file `gguf` out as a Hugging Face directory beside `out` (a hidden name),
+/// under a progress bar of tensors.
+fn export_gguf(gguf: &Path, out: &Path) -> Result<Source> {
+    let parent = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = out
+        .file_name()
+        .ok_or_else(|| anyhow::anyhow!("--out {} has no directory name", out.display()))?;
+    let tmp = parent.join(format!(
+        ".{}.gguf-source-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&tmp)
+        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", tmp.display()))?;
+    // Removed again when dropped, so also if the export fails.
+    let source = Source::Exported(tmp.clone());
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("reading the GGUF file [{bar:30}] {pos}/{len} tensors")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let r = yomi_engine::export_hf_dir(gguf, &tmp, &mut |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    });
+    bar.finish_and_clear();
+    let r = r?;
+    if r.mtp_layers_dropped > 0 {
+        eprintln!("the file's MTP block is not carried over (--draft mtp needs the original)");
+    }
+    Ok(source)
 }

@@ -1083,3 +1083,54 @@ fn model_not_in_the_cache() {
         ),
     );
 }
+
+/// `yomi quantize` of a GGUF file (llama.cpp's converter output of qwen35-tiny): the output
+/// directory runs, and the Hugging Face directory written on the way is gone afterwards.
+#[test]
+fn quantize_a_gguf_file() {
+    let gguf = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data/qwen35-tiny-gguf/qwen35-tiny-f32.gguf");
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("tiny-l");
+    let q = yomi(&[
+        "quantize",
+        "--model",
+        gguf.to_str().unwrap(),
+        "--format",
+        "l",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(q.status.success(), "{}", String::from_utf8_lossy(&q.stderr));
+    let left: Vec<_> = std::fs::read_dir(d.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["tiny-l"], "only the output is left");
+    let r = run_on(&out);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+}
+
+/// A corrupt GGUF file: one line naming the file, and nothing left beside --out.
+#[test]
+fn quantize_a_corrupt_gguf_file() {
+    let d = tempfile::tempdir().unwrap();
+    let bad = d.path().join("bad.gguf");
+    std::fs::write(&bad, b"GGUF\x03\x00\x00\x00 not really").unwrap();
+    let out = d.path().join("out");
+    let q = yomi(&[
+        "quantize",
+        "--model",
+        bad.to_str().unwrap(),
+        "--format",
+        "m",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_clean_error(&q, "bad.gguf");
+    let left: Vec<_> = std::fs::read_dir(d.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["bad.gguf"], "nothing but the input is left");
+}

@@ -34,31 +34,99 @@ pub(crate) fn load(
     let model = Model::load_into(cfg, &src, progress, sink)
         .map_err(|e| anyhow!("{}: {e:#}", path.display()))?;
     let tokenizer = tokenizer_from_gguf(&file).map_err(|e| anyhow!("{}: {e:#}", path.display()))?;
-    let token = |key: &str| -> Option<String> {
-        let id = file.get_u64(key).ok()?;
-        tokenizer.inner().id_to_token(id as u32)
+    let chat = ChatParts::of(&file, &tokenizer);
+    let template = match &chat.template {
+        Some(src) => Some(ChatTemplate::new(src, chat.bos.clone(), chat.eos.clone())?),
+        None => None,
     };
-    let template = match file.get_str("tokenizer.chat_template") {
-        Ok(src) => Some(ChatTemplate::new(
-            src,
-            token("tokenizer.ggml.bos_token_id"),
-            token("tokenizer.ggml.eos_token_id"),
-        )?),
-        Err(_) => None,
-    };
-    let mut eos = Vec::new();
-    for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"] {
-        if let Ok(id) = file.get_u64(key)
-            && !eos.contains(&(id as u32))
-        {
-            eos.push(id as u32);
-        }
-    }
     let defaults = GenerationDefaults {
-        eos_token_ids: eos,
+        eos_token_ids: chat.eos_ids,
         ..Default::default()
     };
     Ok((model, tokenizer, template, defaults))
+}
+
+/// What a GGUF file says about chat: its template, the bos/eos token strings the template may
+/// use, and the ids that end a generation (eos, and eot where it differs).
+struct ChatParts {
+    template: Option<String>,
+    bos: Option<String>,
+    eos: Option<String>,
+    eos_ids: Vec<u32>,
+}
+
+impl ChatParts {
+    fn of(file: &GgufFile, tokenizer: &TextTokenizer) -> Self {
+        let token = |key: &str| -> Option<String> {
+            let id = file.get_u64(key).ok()?;
+            tokenizer.inner().id_to_token(id as u32)
+        };
+        let mut eos_ids = Vec::new();
+        for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"] {
+            if let Ok(id) = file.get_u64(key)
+                && !eos_ids.contains(&(id as u32))
+            {
+                eos_ids.push(id as u32);
+            }
+        }
+        ChatParts {
+            template: file
+                .get_str("tokenizer.chat_template")
+                .ok()
+                .map(String::from),
+            bos: token("tokenizer.ggml.bos_token_id"),
+            eos: token("tokenizer.ggml.eos_token_id"),
+            eos_ids,
+        }
+    }
+}
+
+/// Writes the model of the GGUF file `path` into the existing directory `dir` as a Hugging Face
+/// directory yomi loads as it loads the file: the weights and `config.json`
+/// ([`yomi_models::gguf_export`]), `tokenizer.json` (the tokenizer built from
+/// `tokenizer.ggml.*`), `tokenizer_config.json` (chat template, bos and eos tokens) and
+/// `generation_config.json` (the ids that end a generation). `progress` gets (tensors written,
+/// total).
+pub fn export_hf_dir(
+    path: &Path,
+    dir: &Path,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<yomi_models::gguf_export::ExportReport> {
+    let file = GgufFile::open(path).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    let tokenizer = tokenizer_from_gguf(&file).map_err(|e| anyhow!("{}: {e:#}", path.display()))?;
+    let report = yomi_models::gguf_export::export_weights(&file, dir, progress)
+        .map_err(|e| anyhow!("{}: {e:#}", path.display()))?;
+    let write = |name: &str, text: String| -> Result<()> {
+        let p = dir.join(name);
+        std::fs::write(&p, text).map_err(|e| anyhow!("cannot write {}: {e}", p.display()))
+    };
+    write(
+        "tokenizer.json",
+        tokenizer
+            .inner()
+            .to_string(true)
+            .map_err(|e| anyhow!("cannot serialize the tokenizer: {e}"))?,
+    )?;
+    let chat = ChatParts::of(&file, &tokenizer);
+    let mut tok_config = serde_json::json!({});
+    if let Some(t) = &chat.template {
+        tok_config["chat_template"] = t.clone().into();
+    }
+    if let Some(b) = &chat.bos {
+        tok_config["bos_token"] = b.clone().into();
+    }
+    if let Some(e) = &chat.eos {
+        tok_config["eos_token"] = e.clone().into();
+    }
+    write(
+        "tokenizer_config.json",
+        serde_json::to_string_pretty(&tok_config)?,
+    )?;
+    write(
+        "generation_config.json",
+        serde_json::to_string_pretty(&serde_json::json!({"eos_token_id": chat.eos_ids}))?,
+    )?;
+    Ok(report)
 }
 
 /// The pre-tokenizer llama.cpp uses for a `tokenizer.ggml.pre` value (its regex table), as

@@ -25,4 +25,5 @@ pub mod tokenizer;
 pub use constraint::{Constraint, Grammar};
 pub use engine::{Engine, EngineOptions, Prompt};
 pub use generate::{DraftMode, FinishReason, GenerateParams, Generation};
+pub use gguf_model::export_hf_dir;
 pub use prefix_cache::{PrefixCache, PrefixCacheConfig};

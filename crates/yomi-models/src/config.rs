@@ -394,6 +394,78 @@ impl ModelConfig {
         Ok(cfg)
     }
 
+    /// A Hugging Face `config.json` that [`from_hf_json`](Self::from_hf_json) reads back as
+    /// this config (a GGUF file's config, for `yomi quantize` of a GGUF file): the
+    /// transformers-v4 field names, which v5 reads too.
+    pub fn to_hf_json(&self) -> Value {
+        let (archs, model_type) = match self.arch {
+            Arch::Qwen35 => ("Qwen3_5ForCausalLM", "qwen3_5_text"),
+            Arch::Llama => ("LlamaForCausalLM", "llama"),
+            Arch::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
+            Arch::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
+        };
+        let mut v = serde_json::json!({
+            "architectures": [archs],
+            "model_type": model_type,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "vocab_size": self.vocab_size,
+            "rms_norm_eps": self.rms_norm_eps as f64,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rope_theta": self.rope_theta,
+            "partial_rotary_factor": self.rotary_dim as f64 / self.head_dim as f64,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+        });
+        // Qwen2 always has q/k/v biases; elsewhere `attention_bias` gives them (and Llama's
+        // output bias).
+        if self.arch != Arch::Qwen2 {
+            v["attention_bias"] = Value::Bool(self.qkv_bias);
+        }
+        match &self.rope_scaling {
+            RopeScaling::None => {}
+            RopeScaling::Linear(f) => {
+                v["rope_scaling"] = serde_json::json!({"rope_type": "linear", "factor": f});
+            }
+            RopeScaling::Llama3(l) => {
+                v["rope_scaling"] = serde_json::json!({
+                    "rope_type": "llama3",
+                    "factor": l.factor,
+                    "low_freq_factor": l.low_freq_factor,
+                    "high_freq_factor": l.high_freq_factor,
+                    "original_max_position_embeddings": l.original_max_position_embeddings,
+                });
+            }
+        }
+        match self.eos_token_ids.as_slice() {
+            [] => {}
+            [one] => v["eos_token_id"] = serde_json::json!(one),
+            many => v["eos_token_id"] = serde_json::json!(many),
+        }
+        if let Some(g) = &self.gdn {
+            let kinds: Vec<&str> = self
+                .layer_kinds
+                .iter()
+                .map(|k| match k {
+                    LayerKind::Attention => "full_attention",
+                    LayerKind::GatedDeltaNet => "linear_attention",
+                })
+                .collect();
+            v["layer_types"] = serde_json::json!(kinds);
+            v["linear_num_key_heads"] = serde_json::json!(g.num_key_heads);
+            v["linear_num_value_heads"] = serde_json::json!(g.num_value_heads);
+            v["linear_key_head_dim"] = serde_json::json!(g.key_head_dim);
+            v["linear_value_head_dim"] = serde_json::json!(g.value_head_dim);
+            v["linear_conv_kernel_dim"] = serde_json::json!(g.conv_kernel);
+            v["mtp_num_hidden_layers"] = serde_json::json!(self.mtp_layers);
+        }
+        v
+    }
+
     /// Structural checks shared by every source of a config.
     pub fn validate(&self) -> Result<()> {
         let nz = |x: usize, n: &str| {

@@ -6,6 +6,7 @@ pub mod accel;
 pub mod config;
 pub mod dflash;
 pub mod gguf;
+pub mod gguf_export;
 pub mod gguf_source;
 pub mod loader;
 pub mod model;

@@ -1,0 +1,270 @@
+//! A GGUF file's weights as a Hugging Face directory: `config.json` and safetensors under the
+//! names yomi's loaders ask for, so that `yomi quantize` can take a GGUF file through the path
+//! it takes for Hugging Face checkpoints (the tokenizer files are the engine's part).
+//!
+//! The names are not guessed: the model is loaded once through a [`WeightSource`] that
+//! records every tensor the architecture code asks for (layer by layer, each dropped at once),
+//! then each is read again and written in Hugging Face's form — what the GGUF converter changed
+//! is undone by the GGUF source (Llama's Q/K row order, Qwen3.5's value-head order) or here:
+//! a zero-centred norm stored as 1 + w is written as w, and `ssm_a` = −exp(A_log) as A_log.
+//! F16 and BF16 tensors keep their type; quantized ones are written as f32 (their exact
+//! values). The MTP block of a Qwen3.5 file is not carried over (the config says it has none).
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use anyhow::{Context, Result, anyhow, bail};
+use safetensors::Dtype;
+use safetensors::tensor::TensorView;
+use yomi_weights::{Matrix, Rope, WeightData};
+
+use crate::ModelConfig;
+use crate::gguf::GgufFile;
+use crate::gguf_source::{GgufSource, config_from_gguf};
+use crate::model::{Layer, Model, WeightSink};
+use crate::source::WeightSource;
+
+/// Bytes per safetensors shard (a new shard starts past this).
+const SHARD_BYTES: usize = 2 << 30;
+
+/// What a loader asked for, by Hugging Face name.
+#[derive(Clone, Debug)]
+enum Ask {
+    Matrix(usize, usize),
+    Vector(usize),
+    Tensor(Vec<usize>),
+    NormPlusOne(usize),
+    NegExpA(usize),
+}
+
+/// Passes a source through, noting each tensor asked for (in order, once).
+struct Recorder<'a> {
+    inner: &'a dyn WeightSource,
+    asked: RefCell<Vec<(String, Ask)>>,
+}
+
+impl Recorder<'_> {
+    fn note(&self, name: &str, ask: Ask) {
+        let mut asked = self.asked.borrow_mut();
+        if !asked.iter().any(|(n, _)| n == name) {
+            asked.push((name.to_string(), ask));
+        }
+    }
+}
+
+impl WeightSource for Recorder<'_> {
+    fn has(&self, name: &str) -> bool {
+        self.inner.has(name)
+    }
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        self.note(name, Ask::Matrix(rows, cols));
+        self.inner.matrix(name, rows, cols)
+    }
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        self.note(name, Ask::Vector(len));
+        self.inner.vector(name, len)
+    }
+    fn tensor_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        self.note(name, Ask::Tensor(shape.to_vec()));
+        self.inner.tensor_f32(name, shape)
+    }
+    fn norm_plus_one(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        self.note(name, Ask::NormPlusOne(len));
+        self.inner.norm_plus_one(name, len)
+    }
+    fn gdn_neg_exp_a(&self, a_log: &str, len: usize) -> Result<Vec<f32>> {
+        self.note(a_log, Ask::NegExpA(len));
+        self.inner.gdn_neg_exp_a(a_log, len)
+    }
+    fn drop_read_pages(&self) {
+        self.inner.drop_read_pages()
+    }
+}
+
+/// Takes each loaded part and keeps nothing.
+struct Discard;
+
+impl WeightSink for Discard {
+    fn begin(&mut self, _: &ModelConfig) -> Result<()> {
+        Ok(())
+    }
+    fn embed(&mut self, _: &Matrix) -> Result<()> {
+        Ok(())
+    }
+    fn layer(&mut self, _: usize, _: &Layer) -> Result<()> {
+        Ok(())
+    }
+    fn head(&mut self, _: &[f32], _: Option<&Matrix>, _: &Rope) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// One tensor to write.
+struct Out {
+    name: String,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    data: Vec<u8>,
+}
+
+fn f32_out(name: &str, shape: Vec<usize>, values: &[f32]) -> Out {
+    Out {
+        name: name.to_string(),
+        dtype: Dtype::F32,
+        shape,
+        data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }
+}
+
+/// The tensor `name` as the loader asked for it, in Hugging Face's form.
+fn read(src: &GgufSource<'_>, name: &str, ask: &Ask) -> Result<Out> {
+    Ok(match ask {
+        Ask::Matrix(rows, cols) => {
+            let m = src.matrix(name, *rows, *cols)?;
+            let shape = vec![*rows, *cols];
+            let u16s = |v: &[u16]| v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            match &m.data {
+                WeightData::Bf16(v) => Out {
+                    name: name.to_string(),
+                    dtype: Dtype::BF16,
+                    shape,
+                    data: u16s(v),
+                },
+                WeightData::F16(v) => Out {
+                    name: name.to_string(),
+                    dtype: Dtype::F16,
+                    shape,
+                    data: u16s(v),
+                },
+                _ => {
+                    let mut values = Vec::with_capacity(rows * cols);
+                    let mut buf = vec![0.0f32; *cols];
+                    for r in 0..*rows {
+                        values.extend_from_slice(m.row_f32(r, &mut buf));
+                    }
+                    f32_out(name, shape, &values)
+                }
+            }
+        }
+        Ask::Vector(len) => f32_out(name, vec![*len], &src.vector(name, *len)?),
+        Ask::Tensor(shape) => f32_out(name, shape.clone(), &src.tensor_f32(name, shape)?),
+        Ask::NormPlusOne(len) => {
+            // Stored as 1 + w; w = (1 + w) − 1 is exact for the stored value, so loading adds
+            // back the same effective weight.
+            let w: Vec<f32> = src
+                .norm_plus_one(name, *len)?
+                .iter()
+                .map(|x| x - 1.0)
+                .collect();
+            f32_out(name, vec![*len], &w)
+        }
+        Ask::NegExpA(len) => {
+            let a = src.gdn_neg_exp_a(name, *len)?;
+            if let Some(x) = a.iter().find(|x| x.is_nan() || **x >= 0.0) {
+                bail!("`{name}`: −exp(A_log) must be negative, the file holds {x}");
+            }
+            let a_log: Vec<f32> = a.iter().map(|x| (-x).ln()).collect();
+            f32_out(name, vec![*len], &a_log)
+        }
+    })
+}
+
+/// What [`export_weights`] wrote.
+#[derive(Clone, Debug, Default)]
+pub struct ExportReport {
+    pub tensors: usize,
+    pub bytes: u64,
+    /// The file's Qwen3.5 MTP layers, left out.
+    pub mtp_layers_dropped: usize,
+}
+
+/// Writes the model of GGUF file `file` into the directory `dir` (which must exist) as
+/// `config.json` and safetensors (one file, or shards and their index). `progress` gets
+/// (tensors written, total).
+pub fn export_weights(
+    file: &GgufFile,
+    dir: &Path,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<ExportReport> {
+    let mut cfg = config_from_gguf(file)?;
+    let src = GgufSource::new(file, &cfg);
+    let rec = Recorder {
+        inner: &src,
+        asked: RefCell::new(Vec::new()),
+    };
+    Model::load_into(cfg.clone(), &rec, &mut |_, _| {}, Some(&mut Discard))
+        .context("reading the GGUF model")?;
+    let asked = rec.asked.into_inner();
+    let mut report = ExportReport {
+        mtp_layers_dropped: cfg.mtp_layers,
+        ..Default::default()
+    };
+    cfg.mtp_layers = 0;
+
+    let mut shards: Vec<Vec<Out>> = vec![Vec::new()];
+    let mut shard_bytes = 0usize;
+    let mut files: Vec<String> = Vec::new();
+    let mut weight_map: BTreeMap<String, usize> = BTreeMap::new();
+    let write_shard = |outs: &[Out], path: &Path| -> Result<()> {
+        let views: Vec<(String, TensorView<'_>)> = outs
+            .iter()
+            .map(|t| {
+                TensorView::new(t.dtype, t.shape.clone(), &t.data)
+                    .map(|v| (t.name.clone(), v))
+                    .map_err(|e| anyhow!("tensor `{}`: {e}", t.name))
+            })
+            .collect::<Result<_>>()?;
+        let metadata = Some(HashMap::from([("format".to_string(), "pt".to_string())]));
+        safetensors::serialize_to_file(views, metadata, path)
+            .map_err(|e| anyhow!("cannot write {}: {e}", path.display()))
+    };
+    progress(0, asked.len());
+    for (i, (name, ask)) in asked.iter().enumerate() {
+        let out = read(&src, name, ask).with_context(|| format!("reading `{name}`"))?;
+        if shard_bytes > 0 && shard_bytes + out.data.len() > SHARD_BYTES {
+            let k = files.len() + 1;
+            let fname = format!("model-{k:05}.safetensors");
+            write_shard(shards.last().map_or(&[][..], |s| &s[..]), &dir.join(&fname))?;
+            files.push(fname);
+            shards = vec![Vec::new()];
+            shard_bytes = 0;
+        }
+        shard_bytes += out.data.len();
+        report.bytes += out.data.len() as u64;
+        report.tensors += 1;
+        weight_map.insert(out.name.clone(), files.len());
+        if let Some(s) = shards.last_mut() {
+            s.push(out);
+        }
+        progress(i + 1, asked.len());
+    }
+    let last = shards.pop().unwrap_or_default();
+    if files.is_empty() {
+        write_shard(&last, &dir.join("model.safetensors"))?;
+    } else {
+        let k = files.len() + 1;
+        let fname = format!("model-{k:05}.safetensors");
+        write_shard(&last, &dir.join(&fname))?;
+        files.push(fname);
+        let map: BTreeMap<&str, &str> = weight_map
+            .iter()
+            .map(|(n, &f)| (n.as_str(), files[f].as_str()))
+            .collect();
+        let index = serde_json::json!({
+            "metadata": {"total_size": report.bytes},
+            "weight_map": map,
+        });
+        std::fs::write(
+            dir.join("model.safetensors.index.json"),
+            serde_json::to_string_pretty(&index)?,
+        )
+        .context("cannot write the safetensors index")?;
+    }
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(&cfg.to_hf_json())?,
+    )
+    .context("cannot write config.json")?;
+    Ok(report)
+}
