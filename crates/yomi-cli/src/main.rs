@@ -60,8 +60,9 @@ enum Command {
     /// Download a model from the Hugging Face hub (HF_ENDPOINT) into the local Hugging Face
     /// cache, where `--model hf:ORG/NAME` finds it: `yomi pull ORG/NAME[:FILE.gguf]`.
     Pull(cmd_pull::PullArgs),
-    /// Convert a Hugging Face model into yomi's 4-bit (m) or 8-bit (l) format, with the
-    /// Hadamard rotation that spreads outliers: `yomi quantize --model DIR --format m --out DIR2`.
+    /// Convert a Hugging Face model or a GGUF file into yomi's 4-bit (m) or 8-bit (l) format,
+    /// with the Hadamard rotation that spreads outliers: `yomi quantize --model DIR --format m
+    /// --out DIR2`.
     Quantize(cmd_quantize::QuantizeArgs),
 }
 
