@@ -7,7 +7,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::path::Path;
 use std::path::PathBuf;
 use yomi_models::loader::{ModelFormat, detect_format};
-use yomi_models::quantize::{QuantizeOptions, quantize_dir};
+use yomi_models::quantize::{QuantizeOptions, hidden_sibling, quantize_dir};
 use yomi_weights::YomiFormat;
 
 use crate::settings::Settings;
@@ -139,18 +139,7 @@ impl Drop for Source {
 /// Writes the GGUF file `gguf` out as a Hugging Face directory beside `out` (a hidden name),
 /// under a progress bar of tensors.
 fn export_gguf(gguf: &Path, out: &Path) -> Result<Source> {
-    let parent = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = out
-        .file_name()
-        .ok_or_else(|| anyhow::anyhow!("--out {} has no directory name", out.display()))?;
-    let tmp = parent.join(format!(
-        ".{}.gguf-source-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
+    let tmp = hidden_sibling(out, "gguf-source")?;
     std::fs::create_dir_all(&tmp)
         .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", tmp.display()))?;
     // Removed again when dropped, so also if the export fails.

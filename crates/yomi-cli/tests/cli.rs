@@ -1107,6 +1107,9 @@ fn quantize_a_gguf_file() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(left, ["tiny-l"], "only the output is left");
+    // As readable as the source (the safetensors writer alone makes private files).
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions();
+    assert_eq!(mode(&out.join("model.safetensors")), mode(&gguf));
     let r = run_on(&out);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
 }

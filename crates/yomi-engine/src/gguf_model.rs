@@ -126,6 +126,16 @@ pub fn export_hf_dir(
         "generation_config.json",
         serde_json::to_string_pretty(&serde_json::json!({"eos_token_id": chat.eos_ids}))?,
     )?;
+    // The safetensors writer makes its files private; they are as readable as the GGUF file
+    // (`yomi quantize` gives its output the permissions of these).
+    let perms = std::fs::metadata(path)
+        .map_err(|e| anyhow!("{}: {e}", path.display()))?
+        .permissions();
+    for entry in std::fs::read_dir(dir).map_err(|e| anyhow!("{}: {e}", dir.display()))? {
+        let p = entry.map_err(|e| anyhow!("{}: {e}", dir.display()))?.path();
+        std::fs::set_permissions(&p, perms.clone())
+            .map_err(|e| anyhow!("cannot set the permissions of {}: {e}", p.display()))?;
+    }
     Ok(report)
 }
 

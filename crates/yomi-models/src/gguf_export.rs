@@ -11,18 +11,18 @@
 //! values). The MTP block of a Qwen3.5 file is not carried over (the config says it has none).
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, bail};
 use safetensors::Dtype;
-use safetensors::tensor::TensorView;
 use yomi_weights::{Matrix, Rope, WeightData};
 
 use crate::ModelConfig;
 use crate::gguf::GgufFile;
 use crate::gguf_source::{GgufSource, config_from_gguf};
 use crate::model::{Layer, Model, WeightSink};
+use crate::quantize::{OutTensor, write_safetensors};
 use crate::source::WeightSource;
 
 /// Bytes per safetensors shard (a new shard starts past this).
@@ -100,16 +100,8 @@ impl WeightSink for Discard {
     }
 }
 
-/// One tensor to write.
-struct Out {
-    name: String,
-    dtype: Dtype,
-    shape: Vec<usize>,
-    data: Vec<u8>,
-}
-
-fn f32_out(name: &str, shape: Vec<usize>, values: &[f32]) -> Out {
-    Out {
+fn f32_out(name: &str, shape: Vec<usize>, values: &[f32]) -> OutTensor {
+    OutTensor {
         name: name.to_string(),
         dtype: Dtype::F32,
         shape,
@@ -118,20 +110,20 @@ fn f32_out(name: &str, shape: Vec<usize>, values: &[f32]) -> Out {
 }
 
 /// The tensor `name` as the loader asked for it, in Hugging Face's form.
-fn read(src: &GgufSource<'_>, name: &str, ask: &Ask) -> Result<Out> {
+fn read(src: &GgufSource<'_>, name: &str, ask: &Ask) -> Result<OutTensor> {
     Ok(match ask {
         Ask::Matrix(rows, cols) => {
             let m = src.matrix(name, *rows, *cols)?;
             let shape = vec![*rows, *cols];
             let u16s = |v: &[u16]| v.iter().flat_map(|x| x.to_le_bytes()).collect();
             match &m.data {
-                WeightData::Bf16(v) => Out {
+                WeightData::Bf16(v) => OutTensor {
                     name: name.to_string(),
                     dtype: Dtype::BF16,
                     shape,
                     data: u16s(v),
                 },
-                WeightData::F16(v) => Out {
+                WeightData::F16(v) => OutTensor {
                     name: name.to_string(),
                     dtype: Dtype::F16,
                     shape,
@@ -202,30 +194,17 @@ pub fn export_weights(
     };
     cfg.mtp_layers = 0;
 
-    let mut shards: Vec<Vec<Out>> = vec![Vec::new()];
+    let mut shards: Vec<Vec<OutTensor>> = vec![Vec::new()];
     let mut shard_bytes = 0usize;
     let mut files: Vec<String> = Vec::new();
     let mut weight_map: BTreeMap<String, usize> = BTreeMap::new();
-    let write_shard = |outs: &[Out], path: &Path| -> Result<()> {
-        let views: Vec<(String, TensorView<'_>)> = outs
-            .iter()
-            .map(|t| {
-                TensorView::new(t.dtype, t.shape.clone(), &t.data)
-                    .map(|v| (t.name.clone(), v))
-                    .map_err(|e| anyhow!("tensor `{}`: {e}", t.name))
-            })
-            .collect::<Result<_>>()?;
-        let metadata = Some(HashMap::from([("format".to_string(), "pt".to_string())]));
-        safetensors::serialize_to_file(views, metadata, path)
-            .map_err(|e| anyhow!("cannot write {}: {e}", path.display()))
-    };
     progress(0, asked.len());
     for (i, (name, ask)) in asked.iter().enumerate() {
         let out = read(&src, name, ask).with_context(|| format!("reading `{name}`"))?;
         if shard_bytes > 0 && shard_bytes + out.data.len() > SHARD_BYTES {
             let k = files.len() + 1;
             let fname = format!("model-{k:05}.safetensors");
-            write_shard(shards.last().map_or(&[][..], |s| &s[..]), &dir.join(&fname))?;
+            write_safetensors(shards.last().map_or(&[][..], |s| &s[..]), &dir.join(&fname))?;
             files.push(fname);
             shards = vec![Vec::new()];
             shard_bytes = 0;
@@ -241,11 +220,11 @@ pub fn export_weights(
     }
     let last = shards.pop().unwrap_or_default();
     if files.is_empty() {
-        write_shard(&last, &dir.join("model.safetensors"))?;
+        write_safetensors(&last, &dir.join("model.safetensors"))?;
     } else {
         let k = files.len() + 1;
         let fname = format!("model-{k:05}.safetensors");
-        write_shard(&last, &dir.join(&fname))?;
+        write_safetensors(&last, &dir.join(&fname))?;
         files.push(fname);
         let map: BTreeMap<&str, &str> = weight_map
             .iter()

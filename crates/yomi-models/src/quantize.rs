@@ -107,11 +107,42 @@ enum Plan {
 }
 
 /// One tensor of the output, its data owned.
-struct OutTensor {
-    name: String,
-    dtype: Dtype,
-    shape: Vec<usize>,
-    data: Vec<u8>,
+pub(crate) struct OutTensor {
+    pub(crate) name: String,
+    pub(crate) dtype: Dtype,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) data: Vec<u8>,
+}
+
+/// Writes `outs` as the safetensors file `dst` (metadata `format: pt`, as PyTorch writes).
+pub(crate) fn write_safetensors(outs: &[OutTensor], dst: &Path) -> Result<()> {
+    let views: Vec<(String, TensorView<'_>)> = outs
+        .iter()
+        .map(|t| {
+            TensorView::new(t.dtype, t.shape.clone(), &t.data)
+                .map(|v| (t.name.clone(), v))
+                .map_err(|e| anyhow!("tensor `{}`: {e}", t.name))
+        })
+        .collect::<Result<_>>()?;
+    let metadata = Some(HashMap::from([("format".to_string(), "pt".to_string())]));
+    safetensors::serialize_to_file(views, metadata, dst)
+        .map_err(|e| anyhow!("cannot write {}: {e}", dst.display()))
+}
+
+/// A hidden path beside `out` for work in progress: `.{name}.{what}-{pid}` in `out`'s parent.
+pub fn hidden_sibling(out: &Path, what: &str) -> Result<PathBuf> {
+    let parent = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = out
+        .file_name()
+        .ok_or_else(|| anyhow!("--out {} has no directory name", out.display()))?;
+    Ok(parent.join(format!(
+        ".{}.{what}-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    )))
 }
 
 /// Removes the temporary output unless the conversion finished.
@@ -163,18 +194,7 @@ pub fn quantize_dir(
     let tied = tied_embeddings(&config);
     let (files, index) = source_files(src)?;
 
-    let parent = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = out
-        .file_name()
-        .ok_or_else(|| anyhow!("--out {} has no directory name", out.display()))?;
-    let tmp = parent.join(format!(
-        ".{}.partial-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
+    let tmp = hidden_sibling(out, "partial")?;
     std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     let mut guard = PartialDir(Some(tmp.clone()));
 
@@ -249,18 +269,8 @@ pub fn quantize_dir(
             done += view.data().len() as u64;
             progress(done, total);
         }
-        let views: Vec<(String, TensorView<'_>)> = outs
-            .iter()
-            .map(|t| {
-                TensorView::new(t.dtype, t.shape.clone(), &t.data)
-                    .map(|v| (t.name.clone(), v))
-                    .map_err(|e| anyhow!("tensor `{}`: {e}", t.name))
-            })
-            .collect::<Result<_>>()?;
-        let metadata = Some(HashMap::from([("format".to_string(), "pt".to_string())]));
         let dst = tmp.join(&file_name);
-        safetensors::serialize_to_file(views, metadata, &dst)
-            .map_err(|e| anyhow!("cannot write {}: {e}", dst.display()))?;
+        write_safetensors(&outs, &dst)?;
         // The writer creates its file private (0600); a model file is as readable as its source.
         let perms = std::fs::metadata(path)
             .with_context(|| format!("cannot read {}", path.display()))?
