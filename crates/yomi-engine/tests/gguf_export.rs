@@ -163,3 +163,45 @@ fn a_broken_gguf_is_refused() {
     let e = export_hf_dir(&bad, &out, &mut |_, _| {}).expect_err("refused");
     assert!(format!("{e:#}").contains("bad.gguf"), "{e:#}");
 }
+
+/// Shards: the weights split over several safetensors files with their index (here shards of
+/// 256 KiB; a real export cuts at 2 GiB) load as the same model, bitwise.
+#[test]
+fn sharded_weights_load_as_the_same_model() {
+    use yomi_models::Model;
+    use yomi_models::gguf::GgufFile;
+    use yomi_models::gguf_export::export_weights_in_shards;
+    use yomi_models::safetensors_dir::SafetensorsDir;
+    let path = repo("tests/data/qwen35-tiny-gguf/qwen35-tiny-f32.gguf");
+    let file = GgufFile::open(&path).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    export_weights_in_shards(&file, dir.path(), 256 << 10, &mut |_, _| {}).unwrap();
+    let shards = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            name.to_string_lossy().ends_with(".safetensors")
+        })
+        .count();
+    assert!(shards >= 3, "{shards} shards");
+    assert!(dir.path().join("model.safetensors.index.json").exists());
+    let cfg = ModelConfig::from_hf_dir(dir.path()).unwrap();
+    let src = SafetensorsDir::open(dir.path()).unwrap();
+    let h = Model::load(cfg, &src, &mut |_, _| {}).unwrap();
+    let g = load(&path);
+    let ids: Vec<u32> = (0..24).map(|i| (i * 37 % 500 + 5) as u32).collect();
+    let mut st = State::new(&h.cfg, 64, KvDtype::F32);
+    let mut a = Vec::new();
+    h.forward(
+        &mut st,
+        &ids,
+        &TreeBatch::chain(ids.len()),
+        LogitRows::All,
+        &mut a,
+    )
+    .unwrap();
+    assert!(
+        a == logits(&g, &ids),
+        "the sharded export computes otherwise"
+    );
+}

@@ -172,11 +172,22 @@ pub struct ExportReport {
 }
 
 /// Writes the model of GGUF file `file` into the directory `dir` (which must exist) as
-/// `config.json` and safetensors (one file, or shards and their index). `progress` gets
+/// `config.json` and safetensors (one file, or 2 GiB shards and their index). `progress` gets
 /// (tensors written, total).
 pub fn export_weights(
     file: &GgufFile,
     dir: &Path,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<ExportReport> {
+    export_weights_in_shards(file, dir, SHARD_BYTES, progress)
+}
+
+/// [`export_weights`] with shards of about `shard_bytes` (a tensor never spans two; tests use
+/// small shards).
+pub fn export_weights_in_shards(
+    file: &GgufFile,
+    dir: &Path,
+    shard_bytes: usize,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<ExportReport> {
     let mut cfg = config_from_gguf(file)?;
@@ -194,37 +205,32 @@ pub fn export_weights(
     };
     cfg.mtp_layers = 0;
 
-    let mut shards: Vec<Vec<OutTensor>> = vec![Vec::new()];
-    let mut shard_bytes = 0usize;
+    let mut shard: Vec<OutTensor> = Vec::new();
+    let mut in_shard = 0usize;
     let mut files: Vec<String> = Vec::new();
     let mut weight_map: BTreeMap<String, usize> = BTreeMap::new();
+    let shard_name = |k: usize| format!("model-{k:05}.safetensors");
     progress(0, asked.len());
     for (i, (name, ask)) in asked.iter().enumerate() {
         let out = read(&src, name, ask).with_context(|| format!("reading `{name}`"))?;
-        if shard_bytes > 0 && shard_bytes + out.data.len() > SHARD_BYTES {
-            let k = files.len() + 1;
-            let fname = format!("model-{k:05}.safetensors");
-            write_safetensors(shards.last().map_or(&[][..], |s| &s[..]), &dir.join(&fname))?;
+        if in_shard > 0 && in_shard + out.data.len() > shard_bytes {
+            let fname = shard_name(files.len() + 1);
+            write_safetensors(&std::mem::take(&mut shard), &dir.join(&fname))?;
             files.push(fname);
-            shards = vec![Vec::new()];
-            shard_bytes = 0;
+            in_shard = 0;
         }
-        shard_bytes += out.data.len();
+        in_shard += out.data.len();
         report.bytes += out.data.len() as u64;
         report.tensors += 1;
         weight_map.insert(out.name.clone(), files.len());
-        if let Some(s) = shards.last_mut() {
-            s.push(out);
-        }
+        shard.push(out);
         progress(i + 1, asked.len());
     }
-    let last = shards.pop().unwrap_or_default();
     if files.is_empty() {
-        write_safetensors(&last, &dir.join("model.safetensors"))?;
+        write_safetensors(&shard, &dir.join("model.safetensors"))?;
     } else {
-        let k = files.len() + 1;
-        let fname = format!("model-{k:05}.safetensors");
-        write_safetensors(&last, &dir.join(&fname))?;
+        let fname = shard_name(files.len() + 1);
+        write_safetensors(&shard, &dir.join(&fname))?;
         files.push(fname);
         let map: BTreeMap<&str, &str> = weight_map
             .iter()
