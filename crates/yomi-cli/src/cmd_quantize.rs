@@ -155,6 +155,13 @@ fn export_gguf(gguf: &Path, out: &Path) -> Result<Source> {
     });
     bar.finish_and_clear();
     let r = r?;
+    if !r.quantized_types.is_empty() {
+        eprintln!(
+            "note: the file is already quantized ({}): its weights are rounded a second time; \
+             an F16/BF16/F32 file of the model quantizes better",
+            r.quantized_types.join(", ")
+        );
+    }
     if r.mtp_layers_dropped > 0 {
         eprintln!("the file's MTP block is not carried over (--draft mtp needs the original)");
     }

@@ -48,6 +48,7 @@ fn both(gguf: &str) -> (Engine, Engine, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let r = export_hf_dir(&path, dir.path(), &mut |_, _| {}).expect("export");
     assert!(r.tensors > 0);
+    assert!(r.quantized_types.is_empty(), "{:?}", r.quantized_types);
     (load(&path), load(dir.path()), dir)
 }
 
@@ -204,4 +205,19 @@ fn sharded_weights_load_as_the_same_model() {
         a == logits(&g, &ids),
         "the sharded export computes otherwise"
     );
+}
+
+/// A quantized file exports its weights' exact values as f32 and names its block types, which
+/// `yomi quantize` reports (its weights get rounded twice).
+#[test]
+fn a_quantized_gguf_names_its_block_types() {
+    let path = repo("tests/data/qwen35-tiny-gguf/qwen35-tiny-q5.gguf");
+    let dir = tempfile::tempdir().unwrap();
+    let r = export_hf_dir(&path, dir.path(), &mut |_, _| {}).expect("export");
+    assert_eq!(r.quantized_types, ["Q5_0", "Q5_1"]);
+    let st = std::fs::read(dir.path().join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&st).unwrap();
+    let q = st.tensor("model.layers.3.self_attn.q_proj.weight").unwrap();
+    assert_eq!(q.dtype(), safetensors::Dtype::F32);
+    load(dir.path());
 }

@@ -169,6 +169,8 @@ pub struct ExportReport {
     pub bytes: u64,
     /// The file's Qwen3.5 MTP layers, left out.
     pub mtp_layers_dropped: usize,
+    /// The block-quantized types among the file's tensors (sorted; empty for a float file).
+    pub quantized_types: Vec<&'static str>,
 }
 
 /// Writes the model of GGUF file `file` into the directory `dir` (which must exist) as
@@ -199,8 +201,17 @@ pub fn export_weights_in_shards(
     Model::load_into(cfg.clone(), &rec, &mut |_, _| {}, Some(&mut Discard))
         .context("reading the GGUF model")?;
     let asked = rec.asked.into_inner();
+    let mut quantized_types: Vec<&'static str> = file
+        .tensors()
+        .iter()
+        .filter(|t| t.ty.block_size() > 1)
+        .map(|t| t.ty.name())
+        .collect();
+    quantized_types.sort_unstable();
+    quantized_types.dedup();
     let mut report = ExportReport {
         mtp_layers_dropped: cfg.mtp_layers,
+        quantized_types,
         ..Default::default()
     };
     cfg.mtp_layers = 0;
