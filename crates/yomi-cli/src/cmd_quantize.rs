@@ -25,8 +25,7 @@ use crate::settings::Settings;
     weights run on the CPU only for now; use --no-rotation for CUDA. A GGUF file is first \
     written out as a Hugging Face directory beside --out (its weights at their exact values, \
     quantized ones as f32; removed afterwards): quantizing a file that is already quantized \
-    rounds its weights twice, so start from an F16/BF16/F32 file where there is one. A \
-    Qwen3.5 file's MTP block is not carried over.")]
+    rounds its weights twice, so start from an F16/BF16/F32 file where there is one.")]
 pub struct QuantizeArgs {
     /// The source: a Hugging Face model directory (bf16, f16 or f32 safetensors) or a GGUF
     /// file.
@@ -161,9 +160,6 @@ fn export_gguf(gguf: &Path, out: &Path) -> Result<Source> {
              an F16/BF16/F32 file of the model quantizes better",
             r.quantized_types.join(", ")
         );
-    }
-    if r.mtp_layers_dropped > 0 {
-        eprintln!("the file's MTP block is not carried over (--draft mtp needs the original)");
     }
     Ok(source)
 }

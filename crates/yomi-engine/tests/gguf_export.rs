@@ -221,3 +221,40 @@ fn a_quantized_gguf_names_its_block_types() {
     assert_eq!(q.dtype(), safetensors::Dtype::F32);
     load(dir.path());
 }
+
+/// A Qwen3.5 file with its MTP block (llama.cpp's `blk.4.nextn.*` and layer 4;
+/// tests/data/qwen35-tiny-gguf/qwen35-tiny-mtp-f16.gguf, qwen35-tiny with mtp-tiny's random
+/// block): the block comes out under `mtp.*` and loads from the directory with exactly the
+/// weights it has in the file, and the trunk is the same model.
+#[test]
+fn a_gguf_mtp_block_exports_under_mtp_names() {
+    use yomi_models::gguf::GgufFile;
+    use yomi_models::gguf_source::{GgufSource, config_from_gguf};
+    use yomi_models::mtp::{Mtp, MtpNames};
+    use yomi_models::safetensors_dir::SafetensorsDir;
+    let (g, h, dir) = both("tests/data/qwen35-tiny-gguf/qwen35-tiny-mtp-f16.gguf");
+    same_model(&g, &h, "def fibonacci(n):\n    return", 1e-5);
+    assert_eq!(h.model.cfg.mtp_layers, 1);
+    let file =
+        GgufFile::open(repo("tests/data/qwen35-tiny-gguf/qwen35-tiny-mtp-f16.gguf")).unwrap();
+    let cfg = config_from_gguf(&file).unwrap();
+    let from_gguf = Mtp::load(&cfg, &GgufSource::new(&file, &cfg), MtpNames::Gguf).unwrap();
+    let src = SafetensorsDir::open(dir.path()).unwrap();
+    let from_dir = Mtp::load(&h.model.cfg, &src, MtpNames::HuggingFace).unwrap();
+    let values = |m: &yomi_weights::Matrix| {
+        let mut buf = vec![0.0f32; m.cols];
+        (0..m.rows)
+            .flat_map(|r| m.row_f32(r, &mut buf).to_vec())
+            .collect::<Vec<f32>>()
+    };
+    assert!(values(&from_dir.fc_embed) == values(&from_gguf.fc_embed));
+    assert!(values(&from_dir.fc_hidden) == values(&from_gguf.fc_hidden));
+    assert!(from_dir.norm_embed == from_gguf.norm_embed);
+    assert!(from_dir.norm_hidden == from_gguf.norm_hidden);
+    assert!(from_dir.norm == from_gguf.norm);
+    let (a, b) = (&from_dir.layers[0], &from_gguf.layers[0]);
+    for (x, y) in a.matrices().into_iter().zip(b.matrices()) {
+        assert!(values(x) == values(y), "an MTP layer matrix differs");
+    }
+    assert!(a.input_norm == b.input_norm && a.post_norm == b.post_norm);
+}

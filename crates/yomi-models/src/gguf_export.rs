@@ -8,7 +8,8 @@
 //! is undone by the GGUF source (Llama's Q/K row order, Qwen3.5's value-head order) or here:
 //! a zero-centred norm stored as 1 + w is written as w, and `ssm_a` = −exp(A_log) as A_log.
 //! F16 and BF16 tensors keep their type; quantized ones are written as f32 (their exact
-//! values). The MTP block of a Qwen3.5 file is not carried over (the config says it has none).
+//! values). A Qwen3.5 file's MTP block (llama.cpp's `blk.L.nextn.*` and layer L) is read the
+//! same way, through the names [`MtpNames::Gguf`] asks for, and written under `mtp.*`.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -22,6 +23,7 @@ use crate::ModelConfig;
 use crate::gguf::GgufFile;
 use crate::gguf_source::{GgufSource, config_from_gguf};
 use crate::model::{Layer, Model, WeightSink};
+use crate::mtp::{Mtp, MtpNames};
 use crate::quantize::{OutTensor, write_safetensors};
 use crate::source::WeightSource;
 
@@ -162,13 +164,33 @@ fn read(src: &GgufSource<'_>, name: &str, ask: &Ask) -> Result<OutTensor> {
     })
 }
 
+/// The Hugging Face name of a tensor asked for by `name`: the same, but for an MTP block's,
+/// which [`MtpNames::Gguf`] asks for under the converter's names (layer L = the trunk's layer
+/// count, and its `nextn` parts).
+fn hf_name(cfg: &ModelConfig, name: &str) -> String {
+    let trunk = cfg.num_layers;
+    let mtp_layer = name
+        .strip_prefix("model.layers.")
+        .and_then(|r| r.split_once('.'))
+        .and_then(|(i, rest)| Some((i.parse::<usize>().ok()?, rest)))
+        .filter(|&(i, _)| i >= trunk && i < trunk + cfg.mtp_layers);
+    match mtp_layer {
+        Some((_, "eh_proj.weight")) => "mtp.fc.weight".into(),
+        Some((_, "enorm.weight")) => "mtp.pre_fc_norm_embedding.weight".into(),
+        Some((_, "hnorm.weight")) => "mtp.pre_fc_norm_hidden.weight".into(),
+        Some((_, "shared_head.norm.weight")) => "mtp.norm.weight".into(),
+        Some((i, rest)) => format!("mtp.layers.{}.{rest}", i - trunk),
+        None => name.to_string(),
+    }
+}
+
 /// What [`export_weights`] wrote.
 #[derive(Clone, Debug, Default)]
 pub struct ExportReport {
     pub tensors: usize,
     pub bytes: u64,
-    /// The file's Qwen3.5 MTP layers, left out.
-    pub mtp_layers_dropped: usize,
+    /// The file's Qwen3.5 MTP layers, written under `mtp.*`.
+    pub mtp_layers: usize,
     /// The block-quantized types among the file's tensors (sorted; empty for a float file).
     pub quantized_types: Vec<&'static str>,
 }
@@ -192,7 +214,7 @@ pub fn export_weights_in_shards(
     shard_bytes: usize,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<ExportReport> {
-    let mut cfg = config_from_gguf(file)?;
+    let cfg = config_from_gguf(file)?;
     let src = GgufSource::new(file, &cfg);
     let rec = Recorder {
         inner: &src,
@@ -200,6 +222,9 @@ pub fn export_weights_in_shards(
     };
     Model::load_into(cfg.clone(), &rec, &mut |_, _| {}, Some(&mut Discard))
         .context("reading the GGUF model")?;
+    if cfg.mtp_layers > 0 {
+        Mtp::load(&cfg, &rec, MtpNames::Gguf).context("reading the GGUF file's MTP block")?;
+    }
     let asked = rec.asked.into_inner();
     let mut quantized_types: Vec<&'static str> = file
         .tensors()
@@ -210,11 +235,10 @@ pub fn export_weights_in_shards(
     quantized_types.sort_unstable();
     quantized_types.dedup();
     let mut report = ExportReport {
-        mtp_layers_dropped: cfg.mtp_layers,
+        mtp_layers: cfg.mtp_layers,
         quantized_types,
         ..Default::default()
     };
-    cfg.mtp_layers = 0;
 
     let mut shard: Vec<OutTensor> = Vec::new();
     let mut in_shard = 0usize;
@@ -223,7 +247,8 @@ pub fn export_weights_in_shards(
     let shard_name = |k: usize| format!("model-{k:05}.safetensors");
     progress(0, asked.len());
     for (i, (name, ask)) in asked.iter().enumerate() {
-        let out = read(&src, name, ask).with_context(|| format!("reading `{name}`"))?;
+        let mut out = read(&src, name, ask).with_context(|| format!("reading `{name}`"))?;
+        out.name = hf_name(&cfg, name);
         if in_shard > 0 && in_shard + out.data.len() > shard_bytes {
             let fname = shard_name(files.len() + 1);
             write_safetensors(&std::mem::take(&mut shard), &dir.join(&fname))?;
