@@ -5,21 +5,21 @@
 # speculative == plain), run on the lent GPU machine, with a summary at the end. CI has no GPU: run this before resolving any change to code the GPU runs,
 # and put its summary in bench/RESULTS.md.
 #
-# The GPU machine has no cargo, and a call carries at most 64 MiB, the repository's tracked
-# files (~35 MB) included; the SmolLM2 GGUF (98 MB) and yomi-code-hybrid's weight shards
-# (59 MB, gitignored) therefore travel as one tar in six parts of at most 31.4 MB, in calls
-# before the run, to the machine's home folder (kept while the machine stays warm, ~30 s
-# between calls: issue the calls back to back), and the test binaries with the fixtures as
-# one xz tar (~25 MB) with the last part.
+# The GPU machine has no cargo, and a call carries at most 64 MiB (67.1 MB), the repository's
+# tracked files (~38.5 MB) included; the SmolLM2 GGUF (98 MB) and yomi-code-hybrid's weight
+# shards (59 MB, gitignored) therefore travel as one tar in parts of at most 27 MB (six), in
+# calls before the run, to the machine's home folder (kept while the machine stays warm, ~30 s
+# between calls: issue the calls back to back), and the test binaries with the fixtures as one
+# xz tar (~25 MB) in the run's call. `stage` prints the sizes: a part plus the tree, and the
+# xz tar plus the tree, must each stay under 67.1 MB.
 #
 #   here:  bash bench/cuda_check.sh stage
 #          (builds the GPU test binaries in release, strips them into .device/cuda/, copies the
 #          fixtures there, packs it all into .device/cuda.txz and splits the GGUF and the
 #          shards into .device/payload/part.{0..5})
 #   there: bash bench/cuda_check.sh put .device/payload/part.N    carry: .device/payload/part.N
-#          (for N = 0 … 4)
-#          bash bench/cuda_check.sh run .device/payload/part.5    carry: .device/cuda.txz and
-#                                                                  .device/payload/part.5
+#          (for every N)
+#          bash bench/cuda_check.sh run                           carry: .device/cuda.txz
 #
 # `run` without the GGUF (or the shards) in place runs everything else and lists the SmolLM2
 # (hybrid) tests as not run.
@@ -61,7 +61,7 @@ for line in sys.stdin:
     rm -rf .device/payload && mkdir -p .device/payload
     tar cf - -C "$(dirname "$gguf")" --transform 's|.*\.gguf$|smollm2.gguf|' "$(basename "$gguf")" \
         -C "$PWD/models/yomi-code-hybrid" model-0000{1,2,3}-of-00003.safetensors |
-        split -b "${PART_BYTES:-31400000}" -d -a 1 - .device/payload/part.
+        split -b "${PART_BYTES:-27000000}" -d -a 1 - .device/payload/part.
     XZ_OPT=-6 tar cJf .device/cuda.txz -C .device cuda
     echo "staged: $(ls "$STAGE/bin" | tr '\n' ' ')"
     du -sh "$STAGE" .device/cuda.txz .device/payload/part.*
