@@ -90,6 +90,11 @@ pub fn run(a: QuantizeArgs, _settings: &Settings) -> Result<()> {
         bar.set_position(done);
     });
     bar.finish_and_clear();
+    // The size the user knows: the GGUF file's, not that of its weights written out as f32.
+    let gguf_bytes = match &source {
+        Source::Exported(_) => std::fs::metadata(&a.model).ok().map(|m| m.len() as usize),
+        Source::Dir(_) => None,
+    };
     drop(source);
     let r = report?;
     eprintln!(
@@ -98,7 +103,7 @@ pub fn run(a: QuantizeArgs, _settings: &Settings) -> Result<()> {
         r.quantized_params as f64 / 1e6,
         format,
         r.quantized_bpw(),
-        r.bytes_in as f64 / 1e6,
+        gguf_bytes.unwrap_or(r.bytes_in) as f64 / 1e6,
         r.bytes_out as f64 / 1e6,
     );
     let mut reasons: Vec<&str> = r.kept.iter().map(|(_, why)| why.as_str()).collect();
